@@ -1,0 +1,55 @@
+"""cancel-bus: cross-node cancellation of long-running work over Redis."""
+
+from ._bus import CancelBus
+from ._errors import (
+    BusClosed,
+    BusUnavailable,
+    CancelBusError,
+    Fenced,
+    InvalidArgument,
+    InvalidId,
+    NodeIdInUse,
+    RunCancelled,
+    RunExists,
+    RunNotFound,
+    SessionBusy,
+)
+from ._run import RunHandle
+from ._types import (
+    BusStats,
+    CancelMode,
+    CancelRequest,
+    CancelResult,
+    NodeInfo,
+    Outcome,
+    RunEvent,
+    RunInfo,
+    RunStatus,
+)
+from ._version import VERSION as __version__
+
+__all__ = [
+    "BusClosed",
+    "BusStats",
+    "BusUnavailable",
+    "CancelBus",
+    "CancelBusError",
+    "CancelMode",
+    "CancelRequest",
+    "CancelResult",
+    "Fenced",
+    "InvalidArgument",
+    "InvalidId",
+    "NodeIdInUse",
+    "NodeInfo",
+    "Outcome",
+    "RunCancelled",
+    "RunEvent",
+    "RunExists",
+    "RunHandle",
+    "RunInfo",
+    "RunNotFound",
+    "RunStatus",
+    "SessionBusy",
+    "__version__",
+]

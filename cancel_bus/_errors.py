@@ -1,0 +1,96 @@
+"""All errors of cancel-bus.
+
+    CancelBusError
+     ├── BusUnavailable       Redis unreachable after bounded retries; nothing half-written
+     ├── BusClosed            the bus is not started, or already closed
+     ├── RunCancelled         raised inside a run at a checkpoint; the run scope records it
+     ├── RunNotFound          no such run (where an answer object cannot say so)
+     ├── RunExists            the run id is taken (ids are never reused)
+     ├── SessionBusy          the session key already has an active run
+     ├── Fenced               this node lost its lease; its writes are refused
+     ├── NodeIdInUse          another live incarnation holds this node id
+     └── InvalidArgument      bad input, rejected before touching Redis (also a ValueError)
+          └── InvalidId       an id or namespace that is unsafe to put in a key
+
+Errors of the layer below (``redis.exceptions``) are translated in ``_redis.py`` only.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ._types import CancelRequest
+
+
+class CancelBusError(Exception):
+    """Base of every error raised by cancel-bus."""
+
+
+class BusUnavailable(CancelBusError):
+    """Redis could not be reached (after retries) or did not answer in time."""
+
+
+class BusClosed(CancelBusError):
+    """The bus is not started or was closed."""
+
+
+class RunCancelled(CancelBusError):
+    """Raised at a checkpoint of a run whose cancel was requested.
+
+    Leaving the run scope with this exception records the run as cancelled and suppresses it.
+    """
+
+    def __init__(self, run_id: str, request: CancelRequest | None) -> None:
+        reason = request.reason if request is not None else None
+        super().__init__(f"run {run_id} cancelled" + (f": {reason}" if reason else ""))
+        self.run_id = run_id
+        self.request = request
+
+
+class RunNotFound(CancelBusError):
+    def __init__(self, run_id: str) -> None:
+        super().__init__(f"run {run_id} not found")
+        self.run_id = run_id
+
+
+class RunExists(CancelBusError):
+    """The run id is already taken: active, queued elsewhere, or finished (ids are never reused)."""
+
+    def __init__(self, run_id: str, status: str) -> None:
+        super().__init__(f"run id {run_id} is already used (status {status})")
+        self.run_id = run_id
+        self.status = status
+
+
+class SessionBusy(CancelBusError):
+    """The session key already has an active run; one active run per session."""
+
+    def __init__(self, session: tuple[str, str, str], active_run_id: str) -> None:
+        app_name, user_id, session_id = session
+        super().__init__(
+            f"session {app_name}/{user_id}/{session_id} already has an active run {active_run_id}"
+        )
+        self.session = session
+        self.active_run_id = active_run_id
+
+
+class Fenced(CancelBusError):
+    """This node incarnation lost its lease; Redis refuses its writes."""
+
+
+class NodeIdInUse(CancelBusError):
+    def __init__(self, node_id: str) -> None:
+        super().__init__(f"node id {node_id} is held by another live node")
+        self.node_id = node_id
+
+
+class InvalidArgument(CancelBusError, ValueError):
+    """Bad input, rejected before anything touches Redis."""
+
+
+class InvalidId(InvalidArgument):
+    def __init__(self, what: str, value: object, problem: str) -> None:
+        shown = repr(value) if len(repr(value)) <= 60 else repr(value)[:57] + "..."
+        super().__init__(f"invalid {what} {shown}: {problem}")
+        self.what = what

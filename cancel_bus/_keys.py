@@ -1,0 +1,97 @@
+"""Every Redis key and channel name, and the validation of the ids they are built from.
+
+All names of one namespace share the hash tag ``{namespace}``, so every script touches a single
+slot and runs unchanged on Redis Cluster. Ids are validated before any name is built: an id can
+never smuggle a separator, a glob character or a hash tag into a key.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from ._errors import InvalidId
+
+MAX_ID_LENGTH = 200
+_ID_PATTERN = re.compile(r"[A-Za-z0-9._@+=-]+")
+
+
+def validate_id(value: object, what: str) -> str:
+    """Return ``value`` if it is a safe id, else raise :class:`InvalidId` naming ``what``."""
+    if not isinstance(value, str):
+        raise InvalidId(what, value, "must be a string")
+    if not value:
+        raise InvalidId(what, value, "must not be empty")
+    if len(value) > MAX_ID_LENGTH:
+        raise InvalidId(what, value, f"must be at most {MAX_ID_LENGTH} characters")
+    if _ID_PATTERN.fullmatch(value) is None:
+        raise InvalidId(what, value, "may contain only letters, digits and . _ @ + = -")
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class KeySpace:
+    """Names of one namespace. Scripts derive per-run and per-node names from :attr:`prefix`
+    the same way (see ``_scripts.py``); this class is the Python side of that contract."""
+
+    namespace: str
+
+    def __post_init__(self) -> None:
+        validate_id(self.namespace, "namespace")
+
+    @property
+    def prefix(self) -> str:
+        return f"cb:{{{self.namespace}}}:"
+
+    @property
+    def active(self) -> str:
+        """Sorted set of active run ids (queued, running, waiting), scored by creation time."""
+        return f"{self.prefix}active"
+
+    @property
+    def finished(self) -> str:
+        """Sorted set of finished run ids, scored by finish time; pruned after retention."""
+        return f"{self.prefix}finished"
+
+    @property
+    def nodes(self) -> str:
+        """Sorted set of live node ids, scored by lease expiry (seconds, Redis clock)."""
+        return f"{self.prefix}nodes"
+
+    @property
+    def epoch(self) -> str:
+        """Counter handing out one fencing epoch per node incarnation."""
+        return f"{self.prefix}epoch"
+
+    def run(self, run_id: str) -> str:
+        return f"{self.prefix}run:{run_id}"
+
+    def events(self, run_id: str) -> str:
+        """Stream of the run's lifecycle events."""
+        return f"{self.prefix}ev:{run_id}"
+
+    def relay(self, run_id: str) -> str:
+        """Stream of what the run emits (output, app events), for followers on other nodes."""
+        return f"{self.prefix}out:{run_id}"
+
+    def waiters(self, run_id: str) -> str:
+        """Set of node ids waiting for the run to finish."""
+        return f"{self.prefix}wait:{run_id}"
+
+    def session(self, app_name: str, user_id: str, session_id: str) -> str:
+        """The active run id of a session key (ids cannot hold ':', so this is unambiguous)."""
+        return f"{self.prefix}sess:{app_name}:{user_id}:{session_id}"
+
+    def node(self, node_id: str) -> str:
+        return f"{self.prefix}node:{node_id}"
+
+    def node_runs(self, node_id: str) -> str:
+        return f"{self.prefix}node:{node_id}:runs"
+
+    def node_pending(self, node_id: str) -> str:
+        """Hash run id -> cancel mode of the cancels pending on the node's runs."""
+        return f"{self.prefix}node:{node_id}:pending"
+
+    def channel(self, node_id: str) -> str:
+        """The node's own pub/sub channel: cancels for its runs, finishes it waits for."""
+        return f"{self.prefix}chan:{node_id}"

@@ -1,0 +1,57 @@
+"""Terminal writes that could not land yet, retried until Redis accepts or fences them.
+
+A finish is never silently lost: while Redis is unreachable the run's end waits here, in
+order, and the node keeps heartbeating it as an active run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+
+from ._errors import BusUnavailable
+
+log = logging.getLogger("cancel_bus")
+
+Write = Callable[[], Awaitable[None]]
+
+
+class Outbox:
+    def __init__(self, retry_interval: float = 0.5, max_interval: float = 5.0) -> None:
+        self._pending: dict[str, Write] = {}
+        self._wake = asyncio.Event()
+        self._retry_interval = retry_interval
+        self._max_interval = max_interval
+
+    def add(self, run_id: str, write: Write) -> None:
+        self._pending[run_id] = write
+        self._wake.set()
+
+    def __contains__(self, run_id: object) -> bool:
+        return run_id in self._pending
+
+    def __len__(self) -> int:
+        return len(self._pending)
+
+    async def flush(self) -> bool:
+        """Try every pending write once, in order; True if none is left."""
+        for run_id, write in list(self._pending.items()):
+            try:
+                await write()
+            except BusUnavailable:
+                return False
+            self._pending.pop(run_id, None)
+        return True
+
+    async def run_forever(self) -> None:
+        interval = self._retry_interval
+        while True:
+            await self._wake.wait()
+            if await self.flush():
+                self._wake.clear()
+                interval = self._retry_interval
+                continue
+            log.warning("cancel-bus: %d terminal write(s) waiting for Redis", len(self._pending))
+            await asyncio.sleep(interval)
+            interval = min(interval * 2, self._max_interval)

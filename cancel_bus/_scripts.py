@@ -1,0 +1,518 @@
+"""The Lua scripts: every state transition of a run or a node is one of these, atomic in Redis.
+
+Each script is the shared PRELUDE followed by its body. The prelude derives the namespace prefix
+from KEYS[1] (every key of a namespace starts with ``cb:{namespace}:``, see ``_keys.py``), reads the
+server clock once, and defines the helpers that keep indexes, events and notifications in step.
+Per-run and per-node names that depend on stored data (the owner's pending hash, a waiter's
+channel) are derived from the prefix inside the script; they share the hash tag, so on Redis
+Cluster they live in the same slot as KEYS[1].
+
+Every script is safe to run twice with the same arguments (a retried call after a lost reply):
+the second call changes nothing and answers as if it were the first where that matters.
+
+Stored timestamps are seconds on the server clock as strings with microseconds (``"%d.%06d"``).
+"""
+
+from __future__ import annotations
+
+EVENTS_MAX = 1000
+RELAY_MAX = 10000
+NOTIFY_RUN_MAX_BYTES = 16384
+
+_PRELUDE_TEMPLATE = """
+local P = string.match(KEYS[1], '^(cb:{[^}]*}:)')
+local T = redis.call('TIME')
+local NOW_S = tonumber(T[1]) + tonumber(T[2]) / 1000000
+local NOW = string.format('%d.%06d', tonumber(T[1]), tonumber(T[2]))
+local ACTIVE = {queued = true, running = true, waiting = true}
+local STRENGTH = {after_turn = 0, checkpoint = 1, immediate = 2}
+
+local function fmt(seconds) return string.format('%.6f', seconds) end
+local function meta_or_nil(value) if value == '' then return nil end return value end
+
+local function hash_to_table(flat)
+  local t = {}
+  for i = 1, #flat, 2 do t[flat[i]] = flat[i + 1] end
+  return t
+end
+
+local function add_event(run_id, etype, data)
+  redis.call('XADD', P .. 'ev:' .. run_id, 'MAXLEN', '~', __EVENTS_MAX__, '*',
+    'type', etype, 'at', NOW, 'data', cjson.encode(data))
+end
+
+local function relay_add(run_id, etype, at, data_json)
+  redis.call('XADD', P .. 'out:' .. run_id, 'MAXLEN', '~', __RELAY_MAX__, '*',
+    'type', etype, 'at', at, 'data', data_json)
+end
+
+-- 'alive' if node_id holds a live lease (as incarnation `epoch`, unless epoch is nil), 'missing'
+-- if Redis has no record of the node (it lost our data), else 'dead'. A lease found expired
+-- fences the node on the spot: it is marked dead, whoever looks first.
+local function node_state(node_id, epoch)
+  if not node_id then return 'missing' end
+  local nk = P .. 'node:' .. node_id
+  local st = redis.call('HMGET', nk, 'state', 'epoch')
+  if not st[1] then return 'missing' end
+  if st[1] ~= 'alive' or (epoch ~= nil and st[2] ~= epoch) then return 'dead' end
+  local exp = redis.call('ZSCORE', P .. 'nodes', node_id)
+  if (not exp) or tonumber(exp) <= NOW_S then
+    redis.call('HSET', nk, 'state', 'dead')
+    redis.call('HSETNX', nk, 'died_at', NOW)
+    return 'dead'
+  end
+  return 'alive'
+end
+
+local function node_alive(node_id, epoch) return node_state(node_id, epoch) == 'alive' end
+
+-- The run id holding the session key, if that run is still active.
+local function session_holder(app, user, sess)
+  local holder = redis.call('GET', P .. 'sess:' .. app .. ':' .. user .. ':' .. sess)
+  if not holder then return nil end
+  local st = redis.call('HGET', P .. 'run:' .. holder, 'status')
+  if st and ACTIVE[st] then return holder end
+  return nil
+end
+
+-- Ends an active run: terminal state, out of every active index, expiry scheduled, waiters rung.
+local function finalize(run_id, status, end_reason, fields, retention_ms, pub, auth)
+  local rk = P .. 'run:' .. run_id
+  local info = redis.call('HMGET', rk, 'owner', 'app_name', 'user_id', 'session_id', 'relay')
+  redis.call('HSET', rk, 'status', status, 'finished_at', NOW, 'end_reason', end_reason,
+    unpack(fields))
+  if info[1] then
+    redis.call('SREM', P .. 'node:' .. info[1] .. ':runs', run_id)
+    redis.call('HDEL', P .. 'node:' .. info[1] .. ':pending', run_id)
+  end
+  if info[2] then
+    local sk = P .. 'sess:' .. info[2] .. ':' .. info[3] .. ':' .. info[4]
+    if redis.call('GET', sk) == run_id then redis.call('DEL', sk) end
+  end
+  redis.call('ZREM', P .. 'active', run_id)
+  redis.call('ZADD', P .. 'finished', NOW, run_id)
+  redis.call('ZREMRANGEBYSCORE', P .. 'finished', '-inf', fmt(NOW_S - retention_ms / 1000))
+  local ended = {status = status, end_reason = end_reason}
+  add_event(run_id, 'run.finished', ended)
+  if info[5] == '1' then relay_add(run_id, 'run.finished', NOW, cjson.encode(ended)) end
+  redis.call('PEXPIRE', rk, retention_ms)
+  redis.call('PEXPIRE', P .. 'ev:' .. run_id, retention_ms)
+  redis.call('PEXPIRE', P .. 'out:' .. run_id, retention_ms)
+  local wk = P .. 'wait:' .. run_id
+  local waiters = redis.call('SMEMBERS', wk)
+  if #waiters > 0 then
+    local msg = {k = 'finished', r = run_id, st = status, a = auth}
+    if redis.call('HSTRLEN', rk, 'output') <= __NOTIFY_RUN_MAX_BYTES__ then
+      msg.run = hash_to_table(redis.call('HGETALL', rk))
+    end
+    local encoded = cjson.encode(msg)
+    for _, w in ipairs(waiters) do redis.call(pub, P .. 'chan:' .. w, encoded) end
+    redis.call('DEL', wk)
+  end
+end
+
+-- Resolves an active run whose owner is gone: cancelled if a cancel was pending, else failed.
+local function resolve_owner_lost(run_id, retention_ms, pub, auth)
+  local st = redis.call('HMGET', P .. 'run:' .. run_id, 'status', 'cancel_requested_at', 'owner')
+  if not (st[1] == 'running' or st[1] == 'waiting') then return false end
+  local status = 'failed'
+  if st[2] then status = 'cancelled' end
+  finalize(run_id, status, 'owner_lost',
+    {'error', 'owner_lost: node ' .. tostring(st[3]) .. ' lost its lease'}, retention_ms, pub, auth)
+  return true
+end
+
+-- Resolves up to `budget` runs of a node that is gone; once none is left, forgets the node.
+-- Returns runs resolved, and whether the node is now fully reaped.
+local function reap_node(node_id, budget, retention_ms, pub, auth, final_state)
+  local nk = P .. 'node:' .. node_id
+  local runs_key = nk .. ':runs'
+  local resolved = 0
+  if budget > 0 then
+    for _, id in ipairs(redis.call('SPOP', runs_key, budget)) do
+      if resolve_owner_lost(id, retention_ms, pub, auth) then resolved = resolved + 1 end
+    end
+  end
+  if redis.call('SCARD', runs_key) > 0 then return resolved, false end
+  redis.call('ZREM', P .. 'nodes', node_id)
+  redis.call('DEL', nk .. ':pending')
+  if redis.call('EXISTS', nk) == 1 then
+    redis.call('HSET', nk, 'state', final_state)
+    redis.call('HSETNX', nk, 'died_at', NOW)
+    redis.call('PEXPIRE', nk, 2 * retention_ms)
+  end
+  return resolved, true
+end
+"""
+
+
+PRELUDE = (
+    _PRELUDE_TEMPLATE.replace("__EVENTS_MAX__", str(EVENTS_MAX))
+    .replace("__RELAY_MAX__", str(RELAY_MAX))
+    .replace("__NOTIFY_RUN_MAX_BYTES__", str(NOTIFY_RUN_MAX_BYTES))
+)
+
+
+def _script(body: str) -> str:
+    return PRELUDE + body
+
+
+# KEYS[1] nodes zset, KEYS[2] node hash, KEYS[3] epoch counter
+# ARGV[1] node_id, ARGV[2] lease_ms, ARGV[3] version, ARGV[4] retention_ms, ARGV[5] pub command,
+# ARGV[6] auth, ARGV[7] epoch to restore ('' for a new incarnation; used only if Redis has no
+# record of the node, i.e. it lost our data)
+# -> {'ok', now, epoch} | {'in_use', now} | {'busy', now}  (busy: an expired incarnation of the same
+#    id still has runs to resolve; call again)
+REGISTER_NODE = _script("""
+local nodes, node_key, epoch_key = KEYS[1], KEYS[2], KEYS[3]
+local node_id, lease_ms, version = ARGV[1], tonumber(ARGV[2]), ARGV[3]
+local retention_ms, pub, auth, restore = tonumber(ARGV[4]), ARGV[5], ARGV[6], ARGV[7]
+local forgotten = redis.call('EXISTS', node_key) == 0
+if (not forgotten) and node_alive(node_id, nil) then return {'in_use', NOW} end
+local _, done = reap_node(node_id, 500, retention_ms, pub, auth, 'dead')
+if not done then return {'busy', NOW} end
+local epoch
+if restore ~= '' and forgotten then
+  epoch = restore
+  if tonumber(redis.call('GET', epoch_key) or '0') < tonumber(restore) then
+    redis.call('SET', epoch_key, restore)
+  end
+else
+  epoch = tostring(redis.call('INCR', epoch_key))
+end
+local expires = fmt(NOW_S + lease_ms / 1000)
+redis.call('DEL', node_key)
+redis.call('HSET', node_key, 'node_id', node_id, 'state', 'alive', 'epoch', epoch,
+  'started_at', NOW, 'last_heartbeat', NOW, 'lease_expires_at', expires, 'version', version)
+redis.call('ZADD', nodes, expires, node_id)
+return {'ok', NOW, epoch}
+""")
+
+# KEYS[1] nodes zset, KEYS[2] node hash
+# ARGV[1] node_id, ARGV[2] epoch, ARGV[3] lease_ms
+# -> {'ok', now, runs recorded for the node} | {'fenced', now} | {'missing', now}
+#    (missing: Redis forgot the node, e.g. a restart without persistence; re-register and re-assert)
+HEARTBEAT = _script("""
+local nodes, node_key = KEYS[1], KEYS[2]
+local node_id, epoch, lease_ms = ARGV[1], ARGV[2], tonumber(ARGV[3])
+if redis.call('EXISTS', node_key) == 0 then return {'missing', NOW} end
+if not node_alive(node_id, epoch) then return {'fenced', NOW} end
+local expires = fmt(NOW_S + lease_ms / 1000)
+redis.call('ZADD', nodes, expires, node_id)
+redis.call('HSET', node_key, 'last_heartbeat', NOW, 'lease_expires_at', expires)
+return {'ok', NOW, redis.call('SCARD', node_key .. ':runs')}
+""")
+
+# KEYS[1] nodes zset
+# ARGV[1] budget (runs), ARGV[2] retention_ms, ARGV[3] pub command, ARGV[4] auth
+# -> {runs resolved, nodes reaped, more (1 if expired nodes remain)}
+REAP = _script("""
+local nodes = KEYS[1]
+local budget, retention_ms, pub, auth = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3], ARGV[4]
+local expired = redis.call('ZRANGEBYSCORE', nodes, '-inf', fmt(NOW_S), 'LIMIT', 0, 16)
+local resolved, reaped = 0, 0
+for _, node_id in ipairs(expired) do
+  node_alive(node_id, nil)
+  local n, done = reap_node(node_id, budget - resolved, retention_ms, pub, auth, 'dead')
+  resolved = resolved + n
+  if done then reaped = reaped + 1 end
+  if resolved >= budget then break end
+end
+local more = 0
+if #redis.call('ZRANGEBYSCORE', nodes, '-inf', fmt(NOW_S), 'LIMIT', 0, 1) > 0 then more = 1 end
+return {resolved, reaped, more}
+""")
+
+# KEYS[1] node hash
+# ARGV[1] node_id, ARGV[2] epoch, ARGV[3] retention_ms, ARGV[4] pub command, ARGV[5] auth
+# Runs still recorded for the node are resolved as owner_lost (a closing bus cancels them first).
+# -> {'ok', runs resolved, done (1/0: call again)} | {'fenced'}
+LEAVE_NODE = _script("""
+local node_key = KEYS[1]
+local node_id, epoch = ARGV[1], ARGV[2]
+local retention_ms, pub, auth = tonumber(ARGV[3]), ARGV[4], ARGV[5]
+if not node_alive(node_id, epoch) then return {'fenced'} end
+local resolved, done = reap_node(node_id, 500, retention_ms, pub, auth, 'left')
+if not done then return {'ok', resolved, 0} end
+redis.call('HSET', node_key, 'left_at', NOW)
+return {'ok', resolved, 1}
+""")
+
+# KEYS[1] run hash
+# ARGV[1] run_id, ARGV[2] node_id, ARGV[3] epoch, ARGV[4] app_name, ARGV[5] user_id,
+# ARGV[6] session_id ('' x3: no session key), ARGV[7] metadata json or '', ARGV[8] relay (0/1)
+# A queued run of that id is claimed; otherwise the id must be new (ids are never reused).
+# -> {'ok', run fields} | {'fenced'} | {'missing'} (Redis forgot the node: retry after it
+#    re-registers) | {'exists', run fields} | {'session_busy', run_id}
+START_RUN = _script("""
+local rk = KEYS[1]
+local run_id, node_id, epoch = ARGV[1], ARGV[2], ARGV[3]
+local app, user, sess, metadata, relay = ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8]
+local ns = node_state(node_id, epoch)
+if ns ~= 'alive' then return {ns == 'missing' and 'missing' or 'fenced'} end
+local cur = redis.call('HMGET', rk, 'status', 'owner', 'epoch')
+if cur[1] == 'queued' then
+  redis.call('HSET', rk, 'status', 'running', 'owner', node_id, 'epoch', epoch,
+    'started_at', NOW, 'relay', relay)
+  redis.call('SADD', P .. 'node:' .. node_id .. ':runs', run_id)
+  add_event(run_id, 'run.started', {owner = node_id, claimed = true})
+  return {'ok', redis.call('HGETALL', rk)}
+end
+if cur[1] == 'running' and cur[2] == node_id and cur[3] == epoch then
+  return {'ok', redis.call('HGETALL', rk)}
+end
+if cur[1] then return {'exists', redis.call('HGETALL', rk)} end
+if app ~= '' then
+  local holder = session_holder(app, user, sess)
+  if holder and holder ~= run_id then return {'session_busy', holder} end
+  redis.call('SET', P .. 'sess:' .. app .. ':' .. user .. ':' .. sess, run_id)
+  redis.call('HSET', rk, 'app_name', app, 'user_id', user, 'session_id', sess)
+end
+if metadata ~= '' then redis.call('HSET', rk, 'metadata', metadata) end
+redis.call('HSET', rk, 'run_id', run_id, 'status', 'running', 'owner', node_id, 'epoch', epoch,
+  'created_at', NOW, 'started_at', NOW, 'relay', relay)
+redis.call('ZADD', P .. 'active', NOW, run_id)
+redis.call('SADD', P .. 'node:' .. node_id .. ':runs', run_id)
+add_event(run_id, 'run.started', {owner = node_id})
+return {'ok', redis.call('HGETALL', rk)}
+""")
+
+# KEYS[1] run hash
+# ARGV[1] run_id, ARGV[2] app_name, ARGV[3] user_id, ARGV[4] session_id ('' x3: none),
+# ARGV[5] metadata json or ''
+# -> {'ok', run fields} | {'exists', status} | {'session_busy', run_id}
+ENQUEUE_RUN = _script("""
+local rk = KEYS[1]
+local run_id, app, user, sess, metadata = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
+local st = redis.call('HGET', rk, 'status')
+if st then return {'exists', st} end
+if app ~= '' then
+  local holder = session_holder(app, user, sess)
+  if holder and holder ~= run_id then return {'session_busy', holder} end
+  redis.call('SET', P .. 'sess:' .. app .. ':' .. user .. ':' .. sess, run_id)
+  redis.call('HSET', rk, 'app_name', app, 'user_id', user, 'session_id', sess)
+end
+if metadata ~= '' then redis.call('HSET', rk, 'metadata', metadata) end
+redis.call('HSET', rk, 'run_id', run_id, 'status', 'queued', 'created_at', NOW)
+redis.call('ZADD', P .. 'active', NOW, run_id)
+add_event(run_id, 'run.queued', {})
+return {'ok', redis.call('HGETALL', rk)}
+""")
+
+# KEYS[1] run hash, or the session key when ARGV[1] starts with 'session:'
+# ARGV[1] target ('run:<id>' or 'session:<app>:<user>:<session>'), ARGV[2] run_id ('' for session),
+# ARGV[3] mode, ARGV[4] reason, ARGV[5] requested_by, ARGV[6] waiter node ('' = no wait),
+# ARGV[7] caller node, ARGV[8] retention_ms, ARGV[9] pub command, ARGV[10] auth
+# -> {'not_found'} | {'already_finished', fields} | {'cancelled', fields} | {'owner_lost', fields}
+#    | {'stopping', fields, receivers (-1: the caller is the owner, not published)}
+REQUEST_CANCEL = _script("""
+local target_key = KEYS[1]
+local target, run_id, mode, reason, by = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
+local waiter, caller = ARGV[6], ARGV[7]
+local retention_ms, pub, auth = tonumber(ARGV[8]), ARGV[9], ARGV[10]
+local by_session = string.sub(target, 1, 8) == 'session:'
+if by_session then
+  run_id = redis.call('GET', target_key)
+  if not run_id then return {'not_found'} end
+end
+local rk = P .. 'run:' .. run_id
+local cur = redis.call('HMGET', rk, 'status', 'owner', 'cancel_requested_at', 'cancel_mode')
+local st = cur[1]
+if not st then return {'not_found'} end
+if not ACTIVE[st] then
+  if by_session then return {'not_found'} end  -- a session has no *active* run
+  return {'already_finished', redis.call('HGETALL', rk)}
+end
+if not cur[3] then
+  local fields = {'cancel_requested_at', NOW, 'cancel_mode', mode}
+  if reason ~= '' then table.insert(fields, 'cancel_reason'); table.insert(fields, reason) end
+  if by ~= '' then table.insert(fields, 'requested_by'); table.insert(fields, by) end
+  redis.call('HSET', rk, unpack(fields))
+  add_event(run_id, 'run.cancel_requested',
+    {mode = mode, reason = meta_or_nil(reason), requested_by = meta_or_nil(by)})
+elseif STRENGTH[mode] > STRENGTH[cur[4]] then
+  redis.call('HSET', rk, 'cancel_mode', mode)
+  add_event(run_id, 'run.cancel_escalated',
+    {from = cur[4], to = mode, requested_by = meta_or_nil(by)})
+end
+local meta = redis.call('HMGET', rk, 'cancel_mode', 'cancel_requested_at', 'cancel_reason',
+  'requested_by')
+local owner = cur[2]
+local message = cjson.encode({k = 'cancel', r = run_id, tg = target, m = mode, em = meta[1],
+  at = meta[2], reason = meta[3] or nil, by = meta[4] or nil, a = auth})
+if st ~= 'running' then
+  if owner and owner ~= caller then redis.call(pub, P .. 'chan:' .. owner, message) end
+  finalize(run_id, 'cancelled', 'cancelled', {}, retention_ms, pub, auth)
+  return {'cancelled', redis.call('HGETALL', rk)}
+end
+if not node_alive(owner, nil) then
+  resolve_owner_lost(run_id, retention_ms, pub, auth)
+  return {'owner_lost', redis.call('HGETALL', rk)}
+end
+redis.call('HSET', P .. 'node:' .. owner .. ':pending', run_id, meta[1])
+if waiter ~= '' then redis.call('SADD', P .. 'wait:' .. run_id, waiter) end
+local receivers = -1
+if owner ~= caller then receivers = redis.call(pub, P .. 'chan:' .. owner, message) end
+return {'stopping', redis.call('HGETALL', rk), receivers}
+""")
+
+# KEYS[1] run hash
+# ARGV[1] run_id, ARGV[2] node_id, ARGV[3] epoch, ARGV[4] status (succeeded|failed|cancelled),
+# ARGV[5] output, ARGV[6] output_truncated (0/1), ARGV[7] error, ARGV[8] phase,
+# ARGV[9] delivered_at, ARGV[10] observed_at (node estimates of the server clock, or ''),
+# ARGV[11] retention_ms, ARGV[12] pub command, ARGV[13] auth,
+# ARGV[14] the run as the owner knows it (json), used only if Redis lost the record
+# -> {'ok', final status, end_reason} | {'done', status} (ended by someone else)
+#    | {'fenced', status}
+#    | {'missing', ''} (Redis forgot the node: retry after it re-registers)
+FINISH_RUN = _script("""
+local rk = KEYS[1]
+local run_id, node_id, epoch, status = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local output, truncated, err, phase = ARGV[5], ARGV[6], ARGV[7], ARGV[8]
+local delivered_at, observed_at = ARGV[9], ARGV[10]
+local retention_ms, pub, auth, record = tonumber(ARGV[11]), ARGV[12], ARGV[13], ARGV[14]
+local cur = redis.call('HMGET', rk, 'status', 'owner', 'epoch', 'cancel_requested_at', 'end_reason')
+if not cur[1] then
+  local ns = node_state(node_id, epoch)
+  if ns ~= 'alive' then return {ns == 'missing' and 'missing' or 'fenced', ''} end
+  local r = cjson.decode(record)
+  for k, v in pairs(r) do redis.call('HSET', rk, k, v) end
+  redis.call('HSET', rk, 'run_id', run_id, 'status', 'running', 'owner', node_id, 'epoch', epoch)
+  add_event(run_id, 'run.reasserted', {owner = node_id})
+  cur = redis.call('HMGET', rk, 'status', 'owner', 'epoch', 'cancel_requested_at', 'end_reason')
+end
+if not ACTIVE[cur[1]] then
+  if cur[2] == node_id and cur[3] == epoch and cur[5] ~= 'owner_lost' then
+    return {'ok', cur[1], cur[5]}
+  end
+  return {'done', cur[1]}
+end
+if cur[2] ~= node_id or cur[3] ~= epoch then return {'fenced', cur[1]} end
+local ns = node_state(node_id, epoch)
+if ns ~= 'alive' then return {ns == 'missing' and 'missing' or 'fenced', cur[1]} end
+local end_reason = ({succeeded = 'completed', failed = 'error', cancelled = 'cancelled'})[status]
+if cur[4] then status = 'cancelled' end
+local fields = {}
+local function put(k, v) table.insert(fields, k); table.insert(fields, v) end
+if output ~= '' then put('output', output) end
+if truncated == '1' then put('output_truncated', '1') end
+if err ~= '' then put('error', err) end
+if phase ~= '' then put('phase', phase) end
+if cur[4] then
+  local req = tonumber(cur[4])
+  local function clamp(at) return fmt(math.min(math.max(tonumber(at), req), NOW_S)) end
+  if delivered_at ~= '' and not redis.call('HGET', rk, 'cancel_delivered_at') then
+    put('cancel_delivered_at', clamp(delivered_at))
+  end
+  if observed_at ~= '' then put('cancel_observed_at', clamp(observed_at)) end
+end
+finalize(run_id, status, end_reason, fields, retention_ms, pub, auth)
+return {'ok', status, end_reason}
+""")
+
+# KEYS[1] run hash
+# ARGV[1] run_id, ARGV[2] node_id, ARGV[3] epoch, ARGV[4] phase ('' = unchanged),
+# ARGV[5] delivered_at ('' = none; the owner's estimate of the server clock),
+# ARGV[6] relay entries: json list of [type, at, data_json]
+# -> 1 if applied, 0 if the run is no longer this incarnation's active run
+SYNC_RUN = _script("""
+local rk = KEYS[1]
+local run_id, node_id, epoch, phase = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local delivered_at, entries = ARGV[5], ARGV[6]
+local cur = redis.call('HMGET', rk, 'status', 'owner', 'epoch', 'cancel_requested_at',
+  'cancel_delivered_at')
+if not ACTIVE[cur[1]] or cur[2] ~= node_id or cur[3] ~= epoch then return 0 end
+if not node_alive(node_id, epoch) then return 0 end
+if phase ~= '' then redis.call('HSET', rk, 'phase', phase) end
+if delivered_at ~= '' and cur[4] and not cur[5] then
+  local at = math.min(math.max(tonumber(delivered_at), tonumber(cur[4])), NOW_S)
+  redis.call('HSET', rk, 'cancel_delivered_at', fmt(at))
+  add_event(run_id, 'run.cancel_delivered', {node = node_id})
+end
+if entries ~= '[]' then
+  for _, e in ipairs(cjson.decode(entries)) do relay_add(run_id, e[1], e[2], e[3]) end
+end
+return 1
+""")
+
+# KEYS[1] run hash
+# ARGV[1] run_id, ARGV[2] node_id, ARGV[3] epoch, ARGV[4] target status (waiting|running)
+# -> {'ok'} | {'cancel_pending'} | {'state', status} | {'fenced', status}
+SET_WAITING = _script("""
+local rk = KEYS[1]
+local run_id, node_id, epoch, target = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local cur = redis.call('HMGET', rk, 'status', 'owner', 'epoch', 'cancel_requested_at')
+if cur[2] ~= node_id or cur[3] ~= epoch then return {'fenced', tostring(cur[1])} end
+if cur[1] == target then return {'ok'} end
+local from = 'running'
+if target == 'running' then from = 'waiting' end
+if cur[1] ~= from then return {'state', tostring(cur[1])} end
+if target == 'waiting' and cur[4] then return {'cancel_pending'} end
+if not node_alive(node_id, epoch) then return {'fenced', cur[1]} end
+redis.call('HSET', rk, 'status', target)
+if target == 'waiting' then add_event(run_id, 'run.waiting', {})
+else add_event(run_id, 'run.resumed', {}) end
+return {'ok'}
+""")
+
+# KEYS[1] run hash
+# ARGV[1] run_id, ARGV[2] node_id (the waiter)
+# -> status ('' if unknown); the node is recorded as a waiter only if the run is active
+ADD_WAITER = _script("""
+local rk = KEYS[1]
+local run_id, node_id = ARGV[1], ARGV[2]
+local st = redis.call('HGET', rk, 'status')
+if not st then return '' end
+if ACTIVE[st] then redis.call('SADD', P .. 'wait:' .. run_id, node_id) end
+return st
+""")
+
+# KEYS[1] run hash
+# ARGV[1] run_id, ARGV[2] node_id, ARGV[3] epoch, ARGV[4] the run as the owner knows it (json:
+# app_name, user_id, session_id, created_at, started_at, metadata, relay, status, phase and the
+# cancel_* fields it has seen)
+# -> {'ok'} (recorded as ours) | {'recreated'} | {'finished', status} | {'foreign', owner}
+#    | {'fenced'}
+REASSERT_RUN = _script("""
+local rk = KEYS[1]
+local run_id, node_id, epoch = ARGV[1], ARGV[2], ARGV[3]
+if not node_alive(node_id, epoch) then return {'fenced'} end
+local cur = redis.call('HMGET', rk, 'status', 'owner')
+if cur[1] then
+  if not ACTIVE[cur[1]] then return {'finished', cur[1]} end
+  if cur[2] ~= node_id then return {'foreign', tostring(cur[2])} end
+  redis.call('HSET', rk, 'epoch', epoch)
+  redis.call('SADD', P .. 'node:' .. node_id .. ':runs', run_id)
+  local mode = redis.call('HGET', rk, 'cancel_mode')
+  if mode then redis.call('HSET', P .. 'node:' .. node_id .. ':pending', run_id, mode) end
+  return {'ok'}
+end
+local r = cjson.decode(ARGV[4])
+for k, v in pairs(r) do redis.call('HSET', rk, k, v) end
+redis.call('HSET', rk, 'run_id', run_id, 'owner', node_id, 'epoch', epoch)
+if r.app_name and not session_holder(r.app_name, r.user_id, r.session_id) then
+  redis.call('SET', P .. 'sess:' .. r.app_name .. ':' .. r.user_id .. ':' .. r.session_id, run_id)
+end
+redis.call('ZADD', P .. 'active', r.created_at, run_id)
+redis.call('SADD', P .. 'node:' .. node_id .. ':runs', run_id)
+if r.cancel_mode then
+  redis.call('HSET', P .. 'node:' .. node_id .. ':pending', run_id, r.cancel_mode)
+end
+add_event(run_id, 'run.reasserted', {owner = node_id})
+return {'recreated'}
+""")
+
+ALL_SCRIPTS = {
+    "register_node": REGISTER_NODE,
+    "heartbeat": HEARTBEAT,
+    "reap": REAP,
+    "leave_node": LEAVE_NODE,
+    "start_run": START_RUN,
+    "enqueue_run": ENQUEUE_RUN,
+    "request_cancel": REQUEST_CANCEL,
+    "finish_run": FINISH_RUN,
+    "sync_run": SYNC_RUN,
+    "set_waiting": SET_WAITING,
+    "add_waiter": ADD_WAITER,
+    "reassert_run": REASSERT_RUN,
+}

@@ -1,0 +1,439 @@
+"""Typed calls of the Lua scripts and the read-only queries: the bus's only door to Redis keys.
+
+Every call goes through :func:`translated`, so no ``redis.exceptions`` error leaves this module.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, cast
+
+from redis.asyncio import Redis
+from redis.commands.core import AsyncScript
+
+from ._keys import KeySpace
+from ._redis import translated
+from ._scripts import ALL_SCRIPTS
+from ._types import ACTIVE_STATUSES, CancelMode, NodeInfo, RunEvent, RunInfo, RunStatus
+
+StatusFilter = RunStatus | Literal["active", "all"]
+_Entries = list[tuple[str, dict[str, str]]]
+_LIST_PAGE = 500
+
+
+def _fields(flat: Sequence[str]) -> dict[str, str]:
+    return dict(zip(flat[::2], flat[1::2], strict=True))
+
+
+@dataclass(frozen=True, slots=True)
+class CancelAnswer:
+    """What ``request_cancel`` answered: a code (an Outcome value), the run, the receiver count."""
+
+    code: str
+    run: RunInfo | None
+    receivers: int = -1
+
+
+@dataclass(frozen=True, slots=True)
+class SyncItem:
+    """Owner-side updates of one active run, written together off the hot path."""
+
+    run_id: str
+    phase: str
+    delivered_at: str
+    relay_entries: list[tuple[str, str, str]]
+
+
+class RunStore:
+    def __init__(self, redis: Redis, keys: KeySpace, *, retention: float, pub_command: str) -> None:
+        self.redis = redis
+        self.keys = keys
+        self.retention_ms = str(int(retention * 1000))
+        self.pub_command = pub_command
+        self._scripts: dict[str, AsyncScript] = {
+            name: redis.register_script(text) for name, text in ALL_SCRIPTS.items()
+        }
+
+    async def _eval(self, name: str, keys: list[str], args: list[str]) -> Any:
+        with translated(name):
+            return await self._scripts[name](keys=keys, args=args)
+
+    # -- nodes --------------------------------------------------------------------------------
+
+    async def register_node(
+        self, node_id: str, lease_ttl: float, version: str, auth: str, restore_epoch: str
+    ) -> tuple[str, float, str]:
+        """-> (code, server time, epoch); code is ok | in_use | busy."""
+        k = self.keys
+        reply = await self._eval(
+            "register_node",
+            [k.nodes, k.node(node_id), k.epoch],
+            [
+                node_id,
+                str(int(lease_ttl * 1000)),
+                version,
+                self.retention_ms,
+                self.pub_command,
+                auth,
+                restore_epoch,
+            ],
+        )
+        return reply[0], float(reply[1]), reply[2] if len(reply) > 2 else ""
+
+    async def heartbeat(self, node_id: str, epoch: str, lease_ttl: float) -> tuple[str, float, int]:
+        """-> (code, server time, runs recorded for the node); code is ok | fenced | missing."""
+        reply = await self._eval(
+            "heartbeat",
+            [self.keys.nodes, self.keys.node(node_id)],
+            [node_id, epoch, str(int(lease_ttl * 1000))],
+        )
+        return reply[0], float(reply[1]), int(reply[2]) if len(reply) > 2 else 0
+
+    async def reap(self, budget: int, auth: str) -> tuple[int, int, bool]:
+        """-> (runs resolved, nodes reaped, more expired nodes left)."""
+        reply = await self._eval(
+            "reap", [self.keys.nodes], [str(budget), self.retention_ms, self.pub_command, auth]
+        )
+        return int(reply[0]), int(reply[1]), bool(reply[2])
+
+    async def leave_node(self, node_id: str, epoch: str, auth: str) -> tuple[str, bool]:
+        reply = await self._eval(
+            "leave_node",
+            [self.keys.node(node_id)],
+            [node_id, epoch, self.retention_ms, self.pub_command, auth],
+        )
+        return reply[0], len(reply) > 2 and bool(reply[2])
+
+    # -- runs ---------------------------------------------------------------------------------
+
+    async def start_run(
+        self,
+        run_id: str,
+        node_id: str,
+        epoch: str,
+        session: tuple[str, str, str] | None,
+        metadata: dict[str, Any] | None,
+        relay: bool,
+    ) -> tuple[str, RunInfo | None, str]:
+        """-> (code, run, detail); code is ok | fenced | exists (with the run) | session_busy
+        (detail: the active run's id)."""
+        app, user, sess = session or ("", "", "")
+        reply = await self._eval(
+            "start_run",
+            [self.keys.run(run_id)],
+            [
+                run_id,
+                node_id,
+                epoch,
+                app,
+                user,
+                sess,
+                _json_or_empty(metadata),
+                "1" if relay else "0",
+            ],
+        )
+        if reply[0] in ("ok", "exists"):
+            return reply[0], RunInfo.from_redis(_fields(reply[1])), ""
+        return reply[0], None, reply[1] if len(reply) > 1 else ""
+
+    async def enqueue_run(
+        self,
+        run_id: str,
+        session: tuple[str, str, str] | None,
+        metadata: dict[str, Any] | None,
+    ) -> tuple[str, RunInfo | None, str]:
+        """-> (code, run, detail); code is ok | exists | session_busy."""
+        app, user, sess = session or ("", "", "")
+        reply = await self._eval(
+            "enqueue_run",
+            [self.keys.run(run_id)],
+            [run_id, app, user, sess, _json_or_empty(metadata)],
+        )
+        if reply[0] == "ok":
+            return "ok", RunInfo.from_redis(_fields(reply[1])), ""
+        return reply[0], None, reply[1]
+
+    async def request_cancel(
+        self,
+        *,
+        run_id: str | None,
+        session: tuple[str, str, str] | None,
+        target: str,
+        mode: CancelMode,
+        reason: str | None,
+        requested_by: str | None,
+        waiter: str,
+        caller: str,
+        auth: str,
+    ) -> CancelAnswer:
+        key = self.keys.run(run_id) if run_id is not None else self.keys.session(*session or ())
+        reply = await self._eval(
+            "request_cancel",
+            [key],
+            [
+                target,
+                run_id or "",
+                mode.value,
+                reason or "",
+                requested_by or "",
+                waiter,
+                caller,
+                self.retention_ms,
+                self.pub_command,
+                auth,
+            ],
+        )
+        run = RunInfo.from_redis(_fields(reply[1])) if len(reply) > 1 else None
+        return CancelAnswer(reply[0], run, int(reply[2]) if len(reply) > 2 else -1)
+
+    async def finish_run(
+        self,
+        *,
+        run_id: str,
+        node_id: str,
+        epoch: str,
+        status: RunStatus,
+        output: str,
+        output_truncated: bool,
+        error: str | None,
+        phase: str | None,
+        delivered_at: float | None,
+        observed_at: float | None,
+        auth: str,
+        record: dict[str, str],
+    ) -> tuple[str, str, str]:
+        """-> (code, final status, end reason); code is ok | done | fenced."""
+        reply = await self._eval(
+            "finish_run",
+            [self.keys.run(run_id)],
+            [
+                run_id,
+                node_id,
+                epoch,
+                status.value,
+                output,
+                "1" if output_truncated else "0",
+                error or "",
+                phase or "",
+                _time_or_empty(delivered_at),
+                _time_or_empty(observed_at),
+                self.retention_ms,
+                self.pub_command,
+                auth,
+                json.dumps(record),
+            ],
+        )
+        return reply[0], reply[1], reply[2] if len(reply) > 2 else ""
+
+    async def sync_runs(self, node_id: str, epoch: str, items: Sequence[SyncItem]) -> None:
+        script = self._scripts["sync_run"]
+        with translated("sync_run"):
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for item in items:
+                    await script(
+                        keys=[self.keys.run(item.run_id)],
+                        args=[
+                            item.run_id,
+                            node_id,
+                            epoch,
+                            item.phase,
+                            item.delivered_at,
+                            json.dumps(item.relay_entries),
+                        ],
+                        client=pipe,
+                    )
+                await pipe.execute()
+
+    async def set_waiting(
+        self, run_id: str, node_id: str, epoch: str, target: RunStatus
+    ) -> tuple[str, str]:
+        """-> (code, detail); code is ok | cancel_pending | state | fenced."""
+        reply = await self._eval(
+            "set_waiting", [self.keys.run(run_id)], [run_id, node_id, epoch, target.value]
+        )
+        return reply[0], reply[1] if len(reply) > 1 else ""
+
+    async def add_waiter(self, run_id: str, node_id: str) -> str:
+        """Record the node as waiting for the run's end; -> the run's status ('' if unknown)."""
+        return str(await self._eval("add_waiter", [self.keys.run(run_id)], [run_id, node_id]))
+
+    async def reassert_run(
+        self, run_id: str, node_id: str, epoch: str, record: dict[str, str]
+    ) -> tuple[str, str]:
+        """-> (code, detail); code is ok | recreated | finished | foreign | fenced."""
+        reply = await self._eval(
+            "reassert_run",
+            [self.keys.run(run_id)],
+            [run_id, node_id, epoch, json.dumps(record)],
+        )
+        return reply[0], reply[1] if len(reply) > 1 else ""
+
+    # -- reads --------------------------------------------------------------------------------
+
+    async def get_run(self, run_id: str) -> RunInfo | None:
+        with translated("get_run"):
+            fields = cast(dict[str, str], await self.redis.hgetall(self.keys.run(run_id)))
+        return RunInfo.from_redis(fields) if fields else None
+
+    async def get_runs(self, run_ids: Sequence[str]) -> list[RunInfo]:
+        if not run_ids:
+            return []
+        with translated("get_runs"):
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for run_id in run_ids:
+                    pipe.hgetall(self.keys.run(run_id))
+                rows: list[dict[str, str]] = await pipe.execute()
+        return [RunInfo.from_redis(row) for row in rows if row]
+
+    async def list_runs(
+        self,
+        status: StatusFilter,
+        node_id: str | None,
+        app_name: str | None,
+        user_id: str | None,
+        limit: int,
+    ) -> list[RunInfo]:
+        """Newest first. Reads the narrowest index, pages through it, filters the records."""
+        found: list[RunInfo] = []
+        for index in self._indexes_for(status, node_id):
+            offset = 0
+            while len(found) < limit:
+                with translated("list_runs"):
+                    ids = await self._page(index, node_id, offset)
+                if not ids:
+                    break
+                offset += len(ids)
+                for run in await self.get_runs(ids):
+                    if _matches(run, status, node_id, app_name, user_id):
+                        found.append(run)
+                        if len(found) == limit:
+                            break
+                if node_id is not None:
+                    break  # a node's run set is read whole
+        return found
+
+    def _indexes_for(self, status: StatusFilter, node_id: str | None) -> list[str]:
+        k = self.keys
+        if node_id is not None and (status == "active" or status in ACTIVE_STATUSES):
+            return [k.node_runs(node_id)]
+        if status == "active" or status in ACTIVE_STATUSES:
+            return [k.active]
+        if status == "all":
+            return [k.active, k.finished]
+        return [k.finished]
+
+    async def _page(self, index: str, node_id: str | None, offset: int) -> list[str]:
+        if node_id is not None and index == self.keys.node_runs(node_id):
+            return sorted(cast(set[str], await self.redis.smembers(index))) if offset == 0 else []
+        ids = await self.redis.zrange(index, offset, offset + _LIST_PAGE - 1, desc=True)
+        return cast(list[str], ids)
+
+    async def list_nodes(self) -> list[NodeInfo]:
+        with translated("list_nodes"):
+            entries = cast(
+                list[tuple[str, float]],
+                await self.redis.zrange(self.keys.nodes, 0, -1, withscores=True),
+            )
+            now_s, now_us = await self.redis.time()
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for node_id, _ in entries:
+                    pipe.hgetall(self.keys.node(node_id))
+                    pipe.scard(self.keys.node_runs(node_id))
+                rows = await pipe.execute()
+        now = now_s + now_us / 1e6
+        nodes = []
+        for (node_id, expires), fields, runs in zip(entries, rows[::2], rows[1::2], strict=True):
+            if not fields:
+                continue
+            nodes.append(
+                NodeInfo(
+                    node_id=node_id,
+                    epoch=int(fields.get("epoch", 0)),
+                    started_at=float(fields.get("started_at", 0)),
+                    last_heartbeat=float(fields.get("last_heartbeat", 0)),
+                    lease_expires_at=expires,
+                    active_runs=runs,
+                    version=fields.get("version", ""),
+                    expired=expires <= now or fields.get("state") != "alive",
+                )
+            )
+        return nodes
+
+    async def events(self, run_id: str) -> list[RunEvent]:
+        with translated("events"):
+            entries = cast(_Entries, await self.redis.xrange(self.keys.events(run_id)))
+        return [_event(entry_id, fields) for entry_id, fields in entries]
+
+    async def pending_cancels(self, node_id: str) -> dict[str, CancelMode]:
+        with translated("pending_cancels"):
+            pending = cast(
+                dict[str, str], await self.redis.hgetall(self.keys.node_pending(node_id))
+            )
+        return {run_id: CancelMode(mode) for run_id, mode in pending.items()}
+
+    async def relay_position(self, run_id: str) -> tuple[RunInfo | None, str]:
+        """The run and the id of the last relayed entry, read atomically ('0' if none)."""
+        with translated("relay_position"):
+            async with self.redis.pipeline(transaction=True) as pipe:
+                pipe.hgetall(self.keys.run(run_id))
+                pipe.xrevrange(self.keys.relay(run_id), count=1)
+                fields, last = await pipe.execute()
+        return (RunInfo.from_redis(fields) if fields else None), (last[0][0] if last else "0")
+
+    async def read_relay(
+        self, run_id: str, after: str, block_ms: int, count: int = 500
+    ) -> list[RunEvent]:
+        with translated("read_relay"):
+            reply = await self.redis.xread(
+                {self.keys.relay(run_id): after}, count=count, block=block_ms
+            )
+        if not reply:
+            return []
+        if isinstance(reply, dict):  # RESP3
+            entries = cast(_Entries, next(iter(cast(dict[str, Any], reply).values()))[0])
+        else:
+            entries = cast(_Entries, cast(list[Any], reply)[0][1])
+        return [_event(entry_id, fields) for entry_id, fields in entries]
+
+    async def node_run_ids(self, node_id: str) -> set[str]:
+        with translated("node_run_ids"):
+            ids = await self.redis.smembers(self.keys.node_runs(node_id))
+        return cast(set[str], ids)
+
+
+def _event(entry_id: str, fields: dict[str, str]) -> RunEvent:
+    return RunEvent(
+        id=entry_id,
+        type=fields.get("type", ""),
+        at=float(fields.get("at", 0)),
+        data=json.loads(fields.get("data") or "{}"),
+    )
+
+
+def _matches(
+    run: RunInfo,
+    status: StatusFilter,
+    node_id: str | None,
+    app_name: str | None,
+    user_id: str | None,
+) -> bool:
+    if status == "active":
+        if not run.is_active:
+            return False
+    elif status not in ("all", run.status):
+        return False
+    return (
+        (node_id is None or run.owner == node_id)
+        and (app_name is None or run.app_name == app_name)
+        and (user_id is None or run.user_id == user_id)
+    )
+
+
+def _json_or_empty(value: dict[str, Any] | None) -> str:
+    return "" if value is None else json.dumps(value, separators=(",", ":"))
+
+
+def _time_or_empty(value: float | None) -> str:
+    return "" if value is None else f"{value:.6f}"

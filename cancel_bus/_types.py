@@ -1,0 +1,179 @@
+"""The public data types: statuses, modes, outcomes and the records callers read.
+
+Timestamps are seconds since the epoch on the Redis server clock (``float``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+
+class RunStatus(StrEnum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    WAITING = "waiting"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def is_active(self) -> bool:
+        return self in ACTIVE_STATUSES
+
+    @property
+    def is_terminal(self) -> bool:
+        return not self.is_active
+
+
+ACTIVE_STATUSES = frozenset({RunStatus.QUEUED, RunStatus.RUNNING, RunStatus.WAITING})
+
+
+class CancelMode(StrEnum):
+    """How a run is stopped. Ordered by strength: a later, stronger request escalates."""
+
+    AFTER_TURN = "after_turn"
+    CHECKPOINT = "checkpoint"
+    IMMEDIATE = "immediate"
+
+    @property
+    def strength(self) -> int:
+        return _MODE_STRENGTH[self]
+
+
+_MODE_STRENGTH = {CancelMode.AFTER_TURN: 0, CancelMode.CHECKPOINT: 1, CancelMode.IMMEDIATE: 2}
+
+
+class Outcome(StrEnum):
+    """What the caller of ``cancel`` learns."""
+
+    CANCELLED = "cancelled"
+    STOPPING = "stopping"
+    ALREADY_FINISHED = "already_finished"
+    NOT_FOUND = "not_found"
+    OWNER_LOST = "owner_lost"
+
+
+EndReason = Literal["completed", "cancelled", "error", "owner_lost"]
+
+
+@dataclass(frozen=True, slots=True)
+class CancelRequest:
+    """The durable intent to stop a run. The first request wins; a stronger mode escalates."""
+
+    mode: CancelMode
+    reason: str | None
+    requested_by: str | None
+    requested_at: float
+
+
+class RunInfo(BaseModel):
+    """A run as recorded in Redis."""
+
+    model_config = ConfigDict(frozen=True)
+
+    run_id: str
+    status: RunStatus
+    owner: str | None = None
+    app_name: str | None = None
+    user_id: str | None = None
+    session_id: str | None = None
+    created_at: float
+    started_at: float | None = None
+    finished_at: float | None = None
+    end_reason: EndReason | None = None
+    cancel_requested_at: float | None = None
+    cancel_delivered_at: float | None = None
+    cancel_observed_at: float | None = None
+    cancel_mode: CancelMode | None = None
+    cancel_reason: str | None = None
+    requested_by: str | None = None
+    output: str = ""
+    output_truncated: bool = False
+    error: str | None = None
+    phase: str | None = None
+    metadata: dict[str, Any] | None = None
+
+    @property
+    def is_active(self) -> bool:
+        return self.status.is_active
+
+    @property
+    def stopping(self) -> bool:
+        """Active with a cancel accepted: what a dashboard shows as "stopping"."""
+        return self.is_active and self.cancel_requested_at is not None
+
+    @property
+    def cancel_request(self) -> CancelRequest | None:
+        if self.cancel_requested_at is None or self.cancel_mode is None:
+            return None
+        return CancelRequest(
+            self.cancel_mode, self.cancel_reason, self.requested_by, self.cancel_requested_at
+        )
+
+    @classmethod
+    def from_redis(cls, fields: Mapping[str, str]) -> RunInfo:
+        """Build from a run hash as stored by the scripts (every value a string)."""
+        values: dict[str, Any] = {k: v for k, v in fields.items() if v != "" and k in _RUN_FIELDS}
+        if "metadata" in values:
+            values["metadata"] = json.loads(values["metadata"])
+        values["output_truncated"] = fields.get("output_truncated") == "1"
+        return cls.model_validate(values)
+
+
+_RUN_FIELDS = frozenset(RunInfo.model_fields)
+
+
+class CancelResult(BaseModel):
+    """The answer to ``cancel``/``cancel_session``: an outcome and the run as it then stood."""
+
+    model_config = ConfigDict(frozen=True)
+
+    outcome: Outcome
+    run: RunInfo | None = None
+
+
+class NodeInfo(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    node_id: str
+    epoch: int
+    started_at: float
+    last_heartbeat: float
+    lease_expires_at: float
+    active_runs: int
+    version: str
+    expired: bool = False
+
+
+class RunEvent(BaseModel):
+    """One entry of a run's event stream (lifecycle) or relay stream (what it emitted)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    id: str
+    type: str
+    at: float
+    data: dict[str, Any]
+
+
+@dataclass(slots=True)
+class BusStats:
+    """Counters of one bus since it started (exported as metrics by the node service)."""
+
+    cancels_requested: int = 0
+    cancels_delivered: int = 0
+    cancels_recovered_by_sweep: int = 0
+    messages_rejected: int = 0
+    leases_lost: int = 0
+    runs_reaped: int = 0
+    nodes_reaped: int = 0
+    runs_reasserted: int = 0
+    orphans_resolved: int = 0
+    finishes_deferred: int = 0
+    finishes_fenced: int = 0

@@ -1,0 +1,61 @@
+"""Local callers waiting for runs to end, resolved by a finish notice or by a re-check.
+
+A notice that arrives before its waiter registered (a session cancel learns the run id only
+from Redis's answer) is kept for a short while, so the waiter still finds it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from ._types import RunInfo
+
+RECENT_SECONDS = 60.0
+RECENT_MAX = 10_000
+
+
+class Waiters:
+    """Futures per run id. A future's result is the final record, or ``None`` when the notice
+    did not carry it (the waiter then reads it)."""
+
+    def __init__(self) -> None:
+        self._futures: dict[str, set[asyncio.Future[RunInfo | None]]] = {}
+        self._recent: dict[str, tuple[float, RunInfo | None]] = {}
+
+    def add(self, run_id: str) -> asyncio.Future[RunInfo | None]:
+        future: asyncio.Future[RunInfo | None] = asyncio.get_running_loop().create_future()
+        recent = self._recent.get(run_id)
+        if recent is not None:
+            future.set_result(recent[1])
+        else:
+            self._futures.setdefault(run_id, set()).add(future)
+        return future
+
+    def discard(self, run_id: str, future: asyncio.Future[RunInfo | None]) -> None:
+        futures = self._futures.get(run_id)
+        if futures is not None:
+            futures.discard(future)
+            if not futures:
+                del self._futures[run_id]
+
+    def resolve(self, run_id: str, run: RunInfo | None) -> None:
+        self._remember(run_id, run)
+        for future in self._futures.pop(run_id, ()):
+            if not future.done():
+                future.set_result(run)
+
+    def run_ids(self) -> list[str]:
+        return list(self._futures)
+
+    def __len__(self) -> int:
+        return sum(len(futures) for futures in self._futures.values())
+
+    def _remember(self, run_id: str, run: RunInfo | None) -> None:
+        now = time.monotonic()
+        while self._recent:
+            oldest, (at, _) = next(iter(self._recent.items()))
+            if now - at <= RECENT_SECONDS and len(self._recent) < RECENT_MAX:
+                break
+            del self._recent[oldest]
+        self._recent[run_id] = (now, run)

@@ -1,0 +1,1 @@
+"""The cancel-bus node service: HTTP API, CLI, embedded server, dashboard."""

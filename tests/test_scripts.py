@@ -1,0 +1,320 @@
+"""Each Lua script alone against a real server, including being called twice (a retried call
+after a lost reply must change nothing)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import redis.asyncio as aioredis
+
+from cancel_bus._keys import KeySpace
+from cancel_bus._scripts import ALL_SCRIPTS, EVENTS_MAX, PRELUDE
+from cancel_bus._store import RunStore
+from cancel_bus._types import CancelMode, RunStatus
+
+LEASE = 30.0
+
+
+@pytest.fixture
+async def store(raw_redis: aioredis.Redis, namespace: str) -> RunStore:
+    return RunStore(raw_redis, KeySpace(namespace), retention=3600, pub_command="PUBLISH")
+
+
+async def _node(store: RunStore, node_id: str = "n1") -> str:
+    code, _, epoch = await store.register_node(node_id, LEASE, "test", "", "")
+    assert code == "ok"
+    return epoch
+
+
+async def _start(
+    store: RunStore, run_id: str, node: str, epoch: str, session: tuple[str, str, str] | None = None
+) -> None:
+    code, run, _ = await store.start_run(run_id, node, epoch, session, None, False)
+    assert code == "ok" and run is not None
+
+
+async def _finish(
+    store: RunStore, run_id: str, node: str, epoch: str, status: RunStatus = RunStatus.SUCCEEDED
+) -> tuple[str, str, str]:
+    return await store.finish_run(
+        run_id=run_id,
+        node_id=node,
+        epoch=epoch,
+        status=status,
+        output="out",
+        output_truncated=False,
+        error=None,
+        phase=None,
+        delivered_at=None,
+        observed_at=None,
+        auth="",
+        record={},
+    )
+
+
+async def _cancel(
+    store: RunStore,
+    run_id: str,
+    mode: CancelMode = CancelMode.CHECKPOINT,
+    reason: str = "why",
+    waiter: str = "",
+) -> tuple[str, object, int]:
+    answer = await store.request_cancel(
+        run_id=run_id,
+        session=None,
+        target=f"run:{run_id}",
+        mode=mode,
+        reason=reason,
+        requested_by="tester",
+        waiter=waiter,
+        caller="caller",
+        auth="",
+    )
+    return answer.code, answer.run, answer.receivers
+
+
+def test_every_script_names_its_keys_and_argv_as_locals_at_the_top() -> None:
+    for name, text in ALL_SCRIPTS.items():
+        lines = text.removeprefix(PRELUDE).strip().splitlines()
+        assert lines[0].startswith("local ") and "KEYS[" in lines[0], name
+        assert all("KEYS[" not in line for line in lines[1:]), name
+        argv_lines = [line for line in lines if "ARGV[" in line]
+        assert argv_lines, name
+        assert all(line.startswith(("local ", "  ARGV[")) for line in argv_lines), name
+
+
+async def test_register_node_twice_refuses_a_live_incarnation(store: RunStore) -> None:
+    epoch = await _node(store)
+    code, _, _ = await store.register_node("n1", LEASE, "test", "", "")
+    assert code == "in_use"
+    code2, _, epoch2 = await store.register_node("n2", LEASE, "test", "", "")
+    assert code2 == "ok" and int(epoch2) > int(epoch)
+
+
+async def test_register_node_after_expiry_reaps_the_old_incarnation_first(
+    store: RunStore, raw_redis: aioredis.Redis
+) -> None:
+    epoch = await _node(store)
+    await _start(store, "r1", "n1", epoch)
+    await raw_redis.zadd(store.keys.nodes, {"n1": time.time() - 1})
+    code, _, new_epoch = await store.register_node("n1", LEASE, "test", "", "")
+    assert code == "ok" and new_epoch != epoch
+    run = await store.get_run("r1")
+    assert run is not None and run.status is RunStatus.FAILED and run.end_reason == "owner_lost"
+    assert await _finish(store, "r1", "n1", epoch) == ("done", "failed", "")
+    assert await _finish(store, "r1", "n1", new_epoch) == ("done", "failed", "")
+
+
+async def test_register_node_restores_an_epoch_only_if_redis_forgot_the_node(
+    store: RunStore, raw_redis: aioredis.Redis
+) -> None:
+    epoch = await _node(store)
+    await raw_redis.delete(store.keys.node("n1"), store.keys.epoch)
+    await raw_redis.zrem(store.keys.nodes, "n1")
+    code, _, restored = await store.register_node("n1", LEASE, "test", "", epoch)
+    assert (code, restored) == ("ok", epoch)
+    assert await raw_redis.get(store.keys.epoch) == epoch  # later epochs stay unique
+    code, _, _ = await store.register_node("n1", LEASE, "test", "", epoch)
+    assert code == "in_use"
+
+
+async def test_heartbeat_ok_fenced_missing(store: RunStore, raw_redis: aioredis.Redis) -> None:
+    epoch = await _node(store)
+    code, _, runs = await store.heartbeat("n1", epoch, LEASE)
+    assert (code, runs) == ("ok", 0)
+    assert (await store.heartbeat("n1", epoch, LEASE))[0] == "ok"  # twice: still fine
+    assert (await store.heartbeat("n1", "999", LEASE))[0] == "fenced"  # wrong incarnation
+    await raw_redis.zadd(store.keys.nodes, {"n1": time.time() - 1})
+    assert (await store.heartbeat("n1", epoch, LEASE))[0] == "fenced"  # expired = dead
+    assert (await store.heartbeat("n1", epoch, LEASE))[0] == "fenced"  # and stays dead
+    assert (await store.heartbeat("ghost", "1", LEASE))[0] == "missing"
+
+
+async def test_start_run_is_idempotent_and_guards_ids_and_sessions(store: RunStore) -> None:
+    epoch = await _node(store)
+    session = ("app", "u", "s")
+    await _start(store, "r1", "n1", epoch, session)
+    code, run, _ = await store.start_run("r1", "n1", epoch, session, None, False)
+    assert code == "ok" and run is not None  # a retried call
+    code, _, holder = await store.start_run("r2", "n1", epoch, session, None, False)
+    assert (code, holder) == ("session_busy", "r1")
+    epoch2 = await _node(store, "n2")
+    code, run, _ = await store.start_run("r1", "n2", epoch2, None, None, False)
+    assert code == "exists" and run is not None and run.owner == "n1"
+    code, _, _ = await store.start_run("r3", "n1", "999", None, None, False)
+    assert code == "fenced"
+
+
+async def test_request_cancel_first_wins_and_is_idempotent(
+    store: RunStore, raw_redis: aioredis.Redis
+) -> None:
+    epoch = await _node(store)
+    await _start(store, "r1", "n1", epoch)
+    first = await _cancel(store, "r1", reason="first", waiter="w1")
+    second = await _cancel(store, "r1", reason="second", waiter="w2")
+    assert first[0] == second[0] == "stopping"
+    run = second[1]
+    assert run.cancel_reason == "first"  # type: ignore[attr-defined]
+    assert await raw_redis.smembers(store.keys.waiters("r1")) == {"w1", "w2"}
+    assert await store.pending_cancels("n1") == {"r1": CancelMode.CHECKPOINT}
+    events = [e.type for e in await store.events("r1")]
+    assert events == ["run.started", "run.cancel_requested"]
+    await _cancel(store, "r1", mode=CancelMode.IMMEDIATE)
+    await _cancel(store, "r1", mode=CancelMode.AFTER_TURN)  # weaker: no change
+    events = [e.type for e in await store.events("r1")]
+    assert events == ["run.started", "run.cancel_requested", "run.cancel_escalated"]
+    assert await store.pending_cancels("n1") == {"r1": CancelMode.IMMEDIATE}
+
+
+async def test_request_cancel_publishes_to_the_owner_channel_only(
+    store: RunStore, raw_redis: aioredis.Redis
+) -> None:
+    epoch = await _node(store)
+    await _node(store, "n2")
+    await _start(store, "r1", "n1", epoch)
+    pubsub = raw_redis.pubsub()
+    await pubsub.subscribe(store.keys.channel("n1"), store.keys.channel("n2"))
+    code, _, receivers = await _cancel(store, "r1")
+    assert (code, receivers) == ("stopping", 1)
+    seen = []
+    for _ in range(10):
+        message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=0.2)
+        if message:
+            seen.append(message["channel"])
+    assert seen == [store.keys.channel("n1")]
+    await pubsub.aclose()
+
+
+async def test_finish_applies_once_and_converts_success_after_cancel(
+    store: RunStore, raw_redis: aioredis.Redis
+) -> None:
+    epoch = await _node(store)
+    await _start(store, "r1", "n1", epoch, ("app", "u", "s"))
+    await _cancel(store, "r1")
+    assert await _finish(store, "r1", "n1", epoch) == ("ok", "cancelled", "completed")
+    assert await _finish(store, "r1", "n1", epoch) == ("ok", "cancelled", "completed")  # retried
+    assert await _finish(store, "r1", "n1", epoch, RunStatus.FAILED) == (
+        "ok",
+        "cancelled",
+        "completed",
+    )
+    events = [e.type for e in await store.events("r1")]
+    assert events.count("run.finished") == 1
+    keys = store.keys
+    assert await raw_redis.zscore(keys.active, "r1") is None
+    assert await raw_redis.zscore(keys.finished, "r1") is not None
+    assert not await raw_redis.exists(keys.session("app", "u", "s"))
+    assert not await raw_redis.sismember(keys.node_runs("n1"), "r1")
+    assert await store.pending_cancels("n1") == {}
+    assert 0 < await raw_redis.pttl(keys.run("r1")) <= 3600 * 1000
+    assert 0 < await raw_redis.pttl(keys.events("r1")) <= 3600 * 1000
+
+
+async def test_finish_by_another_incarnation_is_fenced(store: RunStore) -> None:
+    epoch = await _node(store)
+    epoch2 = await _node(store, "n2")
+    await _start(store, "r1", "n1", epoch)
+    assert (await _finish(store, "r1", "n2", epoch2))[0] == "fenced"
+    assert (await _finish(store, "r1", "n1", "999"))[0] == "fenced"
+    run = await store.get_run("r1")
+    assert run is not None and run.status is RunStatus.RUNNING
+
+
+async def test_finish_recreates_a_record_redis_lost(store: RunStore) -> None:
+    epoch = await _node(store)
+    record = {"created_at": "1.000000", "app_name": "a", "user_id": "u", "session_id": "s"}
+    code, status, _ = await store.finish_run(
+        run_id="lost",
+        node_id="n1",
+        epoch=epoch,
+        status=RunStatus.SUCCEEDED,
+        output="o",
+        output_truncated=False,
+        error=None,
+        phase=None,
+        delivered_at=None,
+        observed_at=None,
+        auth="",
+        record=record,
+    )
+    assert (code, status) == ("ok", "succeeded")
+    run = await store.get_run("lost")
+    assert run is not None and run.status is RunStatus.SUCCEEDED and run.app_name == "a"
+    assert [e.type for e in await store.events("lost")] == ["run.reasserted", "run.finished"]
+
+
+async def test_reap_resolves_runs_of_expired_nodes_only(
+    store: RunStore, raw_redis: aioredis.Redis
+) -> None:
+    e1 = await _node(store, "n1")
+    e2 = await _node(store, "n2")
+    await _start(store, "r1", "n1", e1)
+    await _start(store, "r2", "n1", e1)
+    await _start(store, "r3", "n2", e2)
+    await _cancel(store, "r2", waiter="w")
+    await raw_redis.zadd(store.keys.nodes, {"n1": time.time() - 1})
+    assert await store.reap(1, "") == (1, 0, True)  # bounded work per call
+    assert await store.reap(100, "") == (1, 1, False)
+    assert await store.reap(100, "") == (0, 0, False)  # nothing left: twice is a no-op
+    r1, r2, r3 = [await store.get_run(i) for i in ("r1", "r2", "r3")]
+    assert r1 is not None and r1.status is RunStatus.FAILED and r1.end_reason == "owner_lost"
+    assert r2 is not None and r2.status is RunStatus.CANCELLED and r2.end_reason == "owner_lost"
+    assert r3 is not None and r3.status is RunStatus.RUNNING
+    assert await raw_redis.zscore(store.keys.nodes, "n1") is None
+    assert await raw_redis.hget(store.keys.node("n1"), "state") == "dead"
+
+
+async def test_sync_run_writes_only_for_the_owner_of_an_active_run(
+    store: RunStore, raw_redis: aioredis.Redis
+) -> None:
+    from cancel_bus._store import SyncItem
+
+    epoch = await _node(store)
+    await _start(store, "r1", "n1", epoch)
+    item = SyncItem("r1", "tool:search", "", [("output", "1.0", '{"text":"hi"}')])
+    await store.sync_runs("n1", epoch, [item])
+    await store.sync_runs("n2", epoch, [SyncItem("r1", "hijacked", "", [])])
+    run = await store.get_run("r1")
+    assert run is not None and run.phase == "tool:search"
+    assert await raw_redis.xlen(store.keys.relay("r1")) == 1
+    await _finish(store, "r1", "n1", epoch)
+    await store.sync_runs("n1", epoch, [SyncItem("r1", "after", "", [("x", "1.0", "{}")])])
+    run = await store.get_run("r1")
+    assert run is not None and run.phase == "tool:search"
+
+
+async def test_set_waiting_and_add_waiter(store: RunStore, raw_redis: aioredis.Redis) -> None:
+    epoch = await _node(store)
+    await _start(store, "r1", "n1", epoch)
+    assert await store.set_waiting("r1", "n1", epoch, RunStatus.WAITING) == ("ok", "")
+    assert await store.set_waiting("r1", "n1", epoch, RunStatus.WAITING) == ("ok", "")
+    assert await store.add_waiter("r1", "w") == "waiting"
+    assert await store.set_waiting("r1", "n1", epoch, RunStatus.RUNNING) == ("ok", "")
+    await _cancel(store, "r1")
+    assert (await store.set_waiting("r1", "n1", epoch, RunStatus.WAITING))[0] == "cancel_pending"
+    assert await store.add_waiter("nope", "w") == ""
+
+
+async def test_reassert_run_recreates_then_confirms(store: RunStore) -> None:
+    epoch = await _node(store)
+    record = {
+        "created_at": "1.500000",
+        "status": "running",
+        "cancel_mode": "checkpoint",
+        "cancel_requested_at": "1.600000",
+    }
+    assert await store.reassert_run("r9", "n1", epoch, record) == ("recreated", "")
+    assert await store.reassert_run("r9", "n1", epoch, record) == ("ok", "")
+    run = await store.get_run("r9")
+    assert run is not None and run.status is RunStatus.RUNNING and run.stopping
+    assert await store.pending_cancels("n1") == {"r9": CancelMode.CHECKPOINT}
+
+
+async def test_event_streams_are_capped(store: RunStore, raw_redis: aioredis.Redis) -> None:
+    epoch = await _node(store)
+    await _start(store, "r1", "n1", epoch)
+    for _ in range(EVENTS_MAX + 300):
+        await store.set_waiting("r1", "n1", epoch, RunStatus.WAITING)
+        await store.set_waiting("r1", "n1", epoch, RunStatus.RUNNING)
+    assert await raw_redis.xlen(store.keys.events("r1")) < EVENTS_MAX + 200
