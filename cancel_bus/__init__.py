@@ -14,6 +14,7 @@ from ._errors import (
     RunNotFound,
     SessionBusy,
 )
+from ._keys import ID_PATTERN, MAX_ID_LENGTH
 from ._run import RunHandle
 from ._types import (
     BusStats,
@@ -38,8 +39,10 @@ __all__ = [
     "CancelRequest",
     "CancelResult",
     "Fenced",
+    "ID_PATTERN",
     "InvalidArgument",
     "InvalidId",
+    "MAX_ID_LENGTH",
     "NodeIdInUse",
     "NodeInfo",
     "Outcome",

@@ -438,13 +438,18 @@ class CancelBus:
         self._require_open()
         return await self._store.events(run_id)
 
-    async def follow(self, run_id: str, poll: float = 1.0) -> AsyncIterator[RunEvent]:
-        """What a relayed run emits from now on, on any node, ending with ``run.finished``."""
+    async def follow(
+        self, run_id: str, *, from_start: bool = False, poll: float = 1.0
+    ) -> AsyncIterator[RunEvent]:
+        """What a relayed run emits (from now on, or ``from_start``), read on any node; ends with
+        ``run.finished``. Raises :class:`RunNotFound` for an unknown run."""
         validate_id(run_id, "run_id")
         self._require_open()
         run, last = await self._store.relay_position(run_id)
         if run is None:
             raise RunNotFound(run_id)
+        if from_start:
+            last = "0"
         while run is not None and run.is_active:
             for event in await self._store.read_relay(run_id, last, int(poll * 1000)):
                 last = event.id

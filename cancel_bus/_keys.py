@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from ._errors import InvalidId
 
 MAX_ID_LENGTH = 200
-_ID_PATTERN = re.compile(r"[A-Za-z0-9._@+=-]+")
+ID_PATTERN = r"^[A-Za-z0-9._@+=-]+$"
+_ID_RE = re.compile(ID_PATTERN)
 
 
 def validate_id(value: object, what: str) -> str:
@@ -24,7 +25,7 @@ def validate_id(value: object, what: str) -> str:
         raise InvalidId(what, value, "must not be empty")
     if len(value) > MAX_ID_LENGTH:
         raise InvalidId(what, value, f"must be at most {MAX_ID_LENGTH} characters")
-    if _ID_PATTERN.fullmatch(value) is None:
+    if _ID_RE.fullmatch(value) is None:
         raise InvalidId(what, value, "may contain only letters, digits and . _ @ + = -")
     return value
 

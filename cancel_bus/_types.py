@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, computed_field
 
 
 class RunStatus(StrEnum):
@@ -103,6 +103,7 @@ class RunInfo(BaseModel):
     def is_active(self) -> bool:
         return self.status.is_active
 
+    @computed_field  # type: ignore[prop-decorator]
     @property
     def stopping(self) -> bool:
         """Active with a cancel accepted: what a dashboard shows as "stopping"."""

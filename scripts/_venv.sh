@@ -26,8 +26,21 @@ ensure_venv() {
     stamp=".venv/.installed-$(cat pyproject.toml | sha256sum | cut -c1-16)-${extras//,/-}"
     if [ ! -f "$stamp" ]; then
         .venv/bin/python -m pip install --quiet --upgrade pip
-        .venv/bin/python -m pip install --quiet -e ".[${extras}]"
-        rm -f .venv/.installed-*
+        .venv/bin/python -m pip install --quiet -e ".${extras:+[$extras]}"
         touch "$stamp"
+    fi
+}
+
+ensure_chromium() {
+    # The dashboard test drives a real headless Chromium (Debian's package). Install it where we
+    # can (root with apt); elsewhere that one test is skipped with its reason.
+    command -v chromium >/dev/null 2>&1 && return
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        echo "installing Debian's chromium for the dashboard test ..." >&2
+        export DEBIAN_FRONTEND=noninteractive
+        apt-get install -y -q --no-install-recommends chromium >/dev/null 2>&1 ||
+            { apt-get update -q >/dev/null 2>&1 &&
+              apt-get install -y -q --no-install-recommends chromium >/dev/null 2>&1; } ||
+            echo "could not install chromium; the dashboard test will be skipped" >&2
     fi
 }

@@ -1,0 +1,171 @@
+"""The /v1 HTTP API: start, stream, cancel and inspect runs across the cluster."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Body, Depends, HTTPException, Path, Query, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from cancel_bus import ID_PATTERN, CancelResult, Outcome, RunInfo, RunStatus
+
+from . import sse
+from .auth import CurrentPrincipal, OpsPrincipal, Principal
+from .schemas import CancelAnswer, CancelBody, EventList, NodeList, Problem, RunList, StartRun
+from .service import NodeService
+
+router = APIRouter(prefix="/v1", tags=["runs"])
+
+IdPath = Annotated[str, Path(pattern=ID_PATTERN, max_length=200)]
+IdQuery = Annotated[str | None, Query(pattern=ID_PATTERN, max_length=200)]
+OUTCOME_STATUS = {
+    Outcome.CANCELLED: 200,
+    Outcome.OWNER_LOST: 200,
+    Outcome.STOPPING: 202,
+    Outcome.NOT_FOUND: 404,
+    Outcome.ALREADY_FINISHED: 409,
+}
+ERRORS: dict[int | str, dict[str, Any]] = {
+    code: {"model": Problem} for code in (401, 403, 404, 409, 413, 422, 503)
+}
+StatusFilter = Annotated[
+    str, Query(pattern="^(active|all|queued|running|waiting|succeeded|failed|cancelled)$")
+]
+
+
+def node_of(request: Request) -> NodeService:
+    node: NodeService = request.app.state.node
+    return node
+
+
+Node = Annotated[NodeService, Depends(node_of)]
+CancelBodyIn = Annotated[CancelBody | None, Body()]
+
+
+@router.post("/runs", status_code=201, response_model=RunInfo, responses=ERRORS)
+async def start_run(body: StartRun, node: Node, principal: CurrentPrincipal) -> RunInfo:
+    """Start a run of the simulated agent on this node."""
+    _may_start(principal, body, node)
+    return await node.start_run(body)
+
+
+@router.post("/runs/stream", response_class=StreamingResponse, responses={**ERRORS, **sse.SSE_OK})
+async def start_run_streaming(
+    body: StartRun, node: Node, principal: CurrentPrincipal
+) -> StreamingResponse:
+    """Start a run and stream it; closing the stream before the run ends cancels the run."""
+    _may_start(principal, body, node)
+    info = await node.start_run(body)
+    stream = sse.run_stream(
+        node.bus,
+        info,
+        from_start=True,
+        on_disconnect=lambda: node.cancel_soon(info.run_id, "client_disconnected"),
+    )
+    return StreamingResponse(stream, media_type="text/event-stream", headers=sse.HEADERS)
+
+
+@router.get(
+    "/runs/{run_id}/stream",
+    response_class=StreamingResponse,
+    responses={**ERRORS, **sse.SSE_OK},
+)
+async def follow_run(run_id: IdPath, node: Node, principal: CurrentPrincipal) -> StreamingResponse:
+    """Follow a run's events from now on, whichever node runs it."""
+    run = await _visible_run(node, principal, run_id)
+    stream = sse.run_stream(node.bus, run, from_start=False)
+    return StreamingResponse(stream, media_type="text/event-stream", headers=sse.HEADERS)
+
+
+@router.post(
+    "/runs/{run_id}/cancel",
+    response_model=CancelAnswer,
+    responses={202: {"model": CancelAnswer}, **ERRORS},
+)
+async def cancel_run(
+    run_id: IdPath, node: Node, principal: CurrentPrincipal, body: CancelBodyIn = None
+) -> JSONResponse:
+    """Cancel a run from any node: 200 cancelled/owner_lost, 202 stopping, 404, 409 finished."""
+    if not principal.is_ops:
+        await _visible_run(node, principal, run_id)
+    result = await node.cancel(run_id, body or CancelBody(), principal.name)
+    return _cancel_response(result)
+
+
+@router.post(
+    "/sessions/{app_name}/{user_id}/{session_id}/cancel",
+    response_model=CancelAnswer,
+    responses={202: {"model": CancelAnswer}, **ERRORS},
+)
+async def cancel_session(
+    app_name: IdPath,
+    user_id: IdPath,
+    session_id: IdPath,
+    node: Node,
+    principal: CurrentPrincipal,
+    body: CancelBodyIn = None,
+) -> JSONResponse:
+    """Cancel the active run of a session key, wherever it runs."""
+    if not principal.may_act_for(user_id):
+        return _cancel_response(CancelResult(outcome=Outcome.NOT_FOUND, run=None))
+    session = (app_name, user_id, session_id)
+    result = await node.cancel_session(session, body or CancelBody(), principal.name)
+    return _cancel_response(result)
+
+
+@router.get("/runs", response_model=RunList, responses=ERRORS)
+async def list_runs(
+    node: Node,
+    principal: CurrentPrincipal,
+    status: StatusFilter = "active",
+    node_id: IdQuery = None,
+    app_name: IdQuery = None,
+    user_id: IdQuery = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+) -> RunList:
+    """Runs across the cluster, newest first (a user token sees only its own)."""
+    if not principal.is_ops:
+        if user_id is not None and user_id != principal.user_id:
+            return RunList(runs=[])
+        user_id = principal.user_id
+    chosen = status if status in ("active", "all") else RunStatus(status)
+    runs = await node.bus.list_runs(chosen, node_id, app_name, user_id, limit)
+    return RunList(runs=runs)
+
+
+@router.get("/runs/{run_id}", response_model=RunInfo, responses=ERRORS)
+async def get_run(run_id: IdPath, node: Node, principal: CurrentPrincipal) -> RunInfo:
+    return await _visible_run(node, principal, run_id)
+
+
+@router.get("/runs/{run_id}/events", response_model=EventList, responses=ERRORS)
+async def run_events(run_id: IdPath, node: Node, principal: CurrentPrincipal) -> EventList:
+    """The run's lifecycle: started, cancel requested/delivered, finished..."""
+    await _visible_run(node, principal, run_id)
+    return EventList(events=await node.bus.events(run_id))
+
+
+@router.get("/nodes", response_model=NodeList, responses=ERRORS, tags=["ops"])
+async def list_nodes(node: Node, principal: OpsPrincipal) -> NodeList:
+    return NodeList(nodes=await node.bus.list_nodes())
+
+
+def _may_start(principal: Principal, body: StartRun, node: NodeService) -> None:
+    if not principal.may_act_for(body.user_id):
+        raise HTTPException(status_code=403, detail="a user token may start runs only as itself")
+    if node.draining:
+        raise HTTPException(status_code=503, detail="this node is draining")
+
+
+async def _visible_run(node: NodeService, principal: Principal, run_id: str) -> RunInfo:
+    run = await node.bus.get_run(run_id)
+    if run is None or not principal.may_see(run):
+        raise HTTPException(status_code=404, detail=f"run {run_id} not found")
+    return run
+
+
+def _cancel_response(result: CancelResult) -> JSONResponse:
+    body = CancelAnswer(outcome=result.outcome, run=result.run)
+    return JSONResponse(
+        status_code=OUTCOME_STATUS[result.outcome], content=body.model_dump(mode="json")
+    )

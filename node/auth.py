@@ -1,0 +1,81 @@
+"""Bearer tokens and what each principal may see: a user only its own runs, ops everything."""
+
+from __future__ import annotations
+
+import hmac
+from dataclasses import dataclass
+from typing import Annotated, Literal
+
+from fastapi import Depends, HTTPException, Request
+
+from cancel_bus import RunInfo
+
+from .settings import TokenGrant
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    role: Literal["ops", "user"]
+    user_id: str | None
+    name: str
+
+    @property
+    def is_ops(self) -> bool:
+        return self.role == "ops"
+
+    def may_see(self, run: RunInfo) -> bool:
+        return self.is_ops or run.user_id == self.user_id
+
+    def may_act_for(self, user_id: str) -> bool:
+        return self.is_ops or user_id == self.user_id
+
+
+ANONYMOUS_OPS = Principal(role="ops", user_id=None, name="anonymous")
+
+
+class TokenTable:
+    """Constant-time lookup of bearer tokens. Empty table: auth is off, everyone is ops."""
+
+    def __init__(self, tokens: dict[str, TokenGrant]) -> None:
+        self._tokens = [(token.encode(), grant) for token, grant in tokens.items()]
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self._tokens)
+
+    def principal(self, authorization: str | None) -> Principal | None:
+        if not self.enabled:
+            return ANONYMOUS_OPS
+        if not authorization or not authorization.lower().startswith("bearer "):
+            return None
+        offered = authorization[7:].strip().encode()
+        found: TokenGrant | None = None
+        for token, grant in self._tokens:  # compare with every token: no timing hint
+            if hmac.compare_digest(token, offered):
+                found = grant
+        if found is None:
+            return None
+        name = found.name or (f"user:{found.user_id}" if found.user_id else found.role)
+        return Principal(role=found.role, user_id=found.user_id, name=name)
+
+
+def authenticate(request: Request) -> Principal:
+    table: TokenTable = request.app.state.tokens
+    principal = table.principal(request.headers.get("authorization"))
+    if principal is None:
+        raise HTTPException(
+            status_code=401,
+            detail="missing or invalid bearer token",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+    return principal
+
+
+def require_ops(principal: Annotated[Principal, Depends(authenticate)]) -> Principal:
+    if not principal.is_ops:
+        raise HTTPException(status_code=403, detail="this needs an ops token")
+    return principal
+
+
+CurrentPrincipal = Annotated[Principal, Depends(authenticate)]
+OpsPrincipal = Annotated[Principal, Depends(require_ops)]

@@ -1,0 +1,106 @@
+"""Prometheus metrics of one node: what its API answered, and the bus's own counters."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from cancel_bus import CancelBus, CancelResult
+
+_LATENCY_BUCKETS = (
+    0.0005,
+    0.001,
+    0.002,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+)
+_BUS_COUNTERS = {
+    "cancels_requested": "Cancel requests this node sent to Redis",
+    "cancels_delivered": "Cancels delivered to this node's runs by a bus message",
+    "cancels_recovered_by_sweep": "Cancels delivered to this node's runs by a sweep of Redis",
+    "messages_rejected": "Bus messages dropped (unparsable, forged or replayed)",
+    "leases_lost": "Times this node lost its lease and was fenced",
+    "runs_reaped": "Runs of dead nodes resolved by this node",
+    "nodes_reaped": "Dead nodes reaped by this node",
+    "runs_reasserted": "Runs re-created in Redis after it lost them",
+    "finishes_deferred": "Terminal writes that had to wait for Redis",
+    "finishes_fenced": "Terminal writes refused because this incarnation was fenced",
+}
+
+
+class _BusCollector(Collector):
+    """Reads the bus's counters at scrape time."""
+
+    def __init__(self, bus: CancelBus) -> None:
+        self._bus = bus
+
+    def collect(self) -> Iterator[Metric]:
+        bus = self._bus
+        yield GaugeMetricFamily(
+            "cancel_bus_active_runs", "Runs executing on this node", value=len(bus.local_runs())
+        )
+        yield GaugeMetricFamily(
+            "cancel_bus_ready", "1 if the node holds its lease and listens", value=int(bus.ready)
+        )
+        yield CounterMetricFamily(
+            "cancel_bus_pubsub_reconnects",
+            "Reconnects of the subscriber connection",
+            value=bus.pubsub_reconnects,
+        )
+        for name, help_text in _BUS_COUNTERS.items():
+            yield CounterMetricFamily(
+                f"cancel_bus_{name}", help_text, value=getattr(bus.stats, name)
+            )
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.cancels = Counter(
+            "cancel_bus_cancels",
+            "Cancels answered by this node's API, by outcome",
+            ["outcome"],
+            registry=self.registry,
+        )
+        self.latency = Histogram(
+            "cancel_bus_cancel_latency_seconds",
+            "Time from the cancel request to each phase: delivered, observed, finished",
+            ["phase"],
+            buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.runs_started = Counter(
+            "cancel_bus_runs_started", "Runs started on this node", registry=self.registry
+        )
+
+    def watch(self, bus: CancelBus) -> None:
+        self.registry.register(_BusCollector(bus))
+
+    def observe_cancel(self, result: CancelResult) -> None:
+        self.cancels.labels(result.outcome.value).inc()
+        run = result.run
+        if run is None or run.cancel_requested_at is None or run.is_active:
+            return
+        for phase, at in (
+            ("delivered", run.cancel_delivered_at),
+            ("observed", run.cancel_observed_at),
+            ("finished", run.finished_at),
+        ):
+            if at is not None:
+                self.latency.labels(phase).observe(max(0.0, at - run.cancel_requested_at))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,69 @@
+"""Request and response bodies of the HTTP API."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from cancel_bus import ID_PATTERN, CancelMode, NodeInfo, Outcome, RunEvent, RunInfo
+
+Id = Field(pattern=ID_PATTERN, max_length=200)
+
+
+class ToolSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(pattern=ID_PATTERN, max_length=64)
+    duration_ms: int = Field(default=500, ge=0, le=600_000)
+
+
+class AgentSpec(BaseModel):
+    """The simulated agent: per turn, ``tokens`` chunks then each tool in turn."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    tokens: int = Field(default=50, ge=0, le=100_000)
+    token_interval_ms: int = Field(default=20, ge=0, le=60_000)
+    tools: list[ToolSpec] = Field(default_factory=list, max_length=32)
+    turns: int = Field(default=1, ge=1, le=100)
+
+
+class StartRun(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    app_name: str = Id
+    user_id: str = Id
+    session_id: str = Id
+    run_id: str | None = Field(default=None, pattern=ID_PATTERN, max_length=200)
+    agent: AgentSpec = Field(default_factory=AgentSpec)
+
+
+class CancelBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    mode: CancelMode = CancelMode.CHECKPOINT
+    reason: str | None = Field(default=None, max_length=1000)
+    wait: bool = True
+    timeout: float = Field(default=5.0, gt=0, le=60)
+
+
+class CancelAnswer(BaseModel):
+    outcome: Outcome
+    run: RunInfo | None
+
+
+class RunList(BaseModel):
+    runs: list[RunInfo]
+
+
+class NodeList(BaseModel):
+    nodes: list[NodeInfo]
+
+
+class EventList(BaseModel):
+    events: list[RunEvent]
+
+
+class Problem(BaseModel):
+    """Every error body."""
+
+    detail: str

@@ -1,0 +1,97 @@
+"""Node configuration from the environment (prefix ``CANCEL_BUS_``); fails loudly with the key."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, Field, SecretStr, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from cancel_bus import ID_PATTERN
+
+ENV_PREFIX = "CANCEL_BUS_"
+LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
+
+
+class TokenGrant(BaseModel):
+    """What one API token may do: ``ops`` sees and cancels everything, ``user`` its own runs."""
+
+    role: Literal["ops", "user"]
+    user_id: str | None = Field(default=None, pattern=ID_PATTERN, max_length=200)
+    name: str | None = Field(default=None, max_length=200)
+
+    @model_validator(mode="after")
+    def _user_needs_an_id(self) -> TokenGrant:
+        if self.role == "user" and self.user_id is None:
+            raise ValueError("a token with role 'user' needs a user_id")
+        return self
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore")
+
+    redis_url: str | None = Field(
+        default=None, description="Redis URL; empty starts an embedded server"
+    )
+    namespace: str = Field(default="cancel-bus", pattern=ID_PATTERN, max_length=200)
+    node_id: str | None = Field(default=None, pattern=ID_PATTERN, max_length=200)
+    lease_ttl: float = Field(default=10.0, ge=0.3, le=3600)
+    retention: float = Field(default=86400.0, ge=1)
+    drain_timeout: float = Field(default=20.0, ge=0, le=3600)
+    host: str = "127.0.0.1"
+    port: int = Field(default=8080, ge=0, le=65535)
+    api_tokens: SecretStr | None = Field(
+        default=None, description='JSON: {"<token>": {"role": "ops"|"user", "user_id": ...}}'
+    )
+    api_tokens_file: Path | None = None
+    metrics_require_token: bool = False
+    signing_key: SecretStr | None = None
+    data_dir: Path | None = None
+    max_body_bytes: int = Field(default=64 * 1024, ge=1024, le=16 * 1024 * 1024)
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+    @field_validator("redis_url", "api_tokens", "api_tokens_file", "signing_key", mode="before")
+    @classmethod
+    def _empty_is_none(cls, value: object) -> object:
+        return None if value == "" else value
+
+    def tokens(self) -> dict[str, TokenGrant]:
+        """The configured tokens (from the variable and/or the file); empty: auth is off."""
+        raw: dict[str, object] = {}
+        if self.api_tokens_file is not None:
+            raw.update(_load_json(self.api_tokens_file.read_text(), "API_TOKENS_FILE"))
+        if self.api_tokens is not None:
+            raw.update(_load_json(self.api_tokens.get_secret_value(), "API_TOKENS"))
+        tokens = {}
+        for token, grant in raw.items():
+            if len(token) < 16:
+                raise ValueError(f"{ENV_PREFIX}API_TOKENS: every token needs 16+ characters")
+            tokens[token] = TokenGrant.model_validate(grant)
+        return tokens
+
+    @property
+    def auth_enabled(self) -> bool:
+        return self.api_tokens is not None or self.api_tokens_file is not None
+
+    def bind_host(self) -> str:
+        """Without tokens the node only listens on loopback."""
+        return self.host if self.auth_enabled else "127.0.0.1"
+
+    def state_dir(self) -> Path:
+        if self.data_dir is not None:
+            return self.data_dir
+        base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+        return Path(base) / "cancel-bus"
+
+
+def _load_json(text: str, key: str) -> dict[str, object]:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{ENV_PREFIX}{key} is not valid JSON: {exc.msg}") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{ENV_PREFIX}{key} must be a JSON object of token -> grant")
+    return value

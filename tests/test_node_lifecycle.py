@@ -1,0 +1,104 @@
+"""A node's life: SIGTERM drain (readiness first, then runs, then the rest cancelled and
+recorded), and the embedded server when no Redis URL is given."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from node.embedded import EmbeddedServer
+
+from .node_cluster import Cluster, NodeProcess
+
+
+def _start(node: NodeProcess, **agent: Any) -> dict[str, Any]:
+    body = {"app_name": "app", "user_id": "u", "session_id": uuid.uuid4().hex, "agent": agent}
+    with node.client() as client:
+        response = client.post("/v1/runs", json=body)
+    assert response.status_code == 201, response.text
+    run: dict[str, Any] = response.json()
+    return run
+
+
+def test_sigterm_drains_then_cancels_the_rest_and_leaves(
+    redis_server: EmbeddedServer, tmp_path: Path
+) -> None:
+    drain = 2.0
+    cluster = Cluster(redis_server.url, 2, tmp_path, drain_timeout=str(drain)).start()
+    try:
+        leaving, staying = cluster.nodes
+        endless = _start(leaving, tokens=100_000, token_interval_ms=10)
+        short = _start(leaving, tokens=20, token_interval_ms=25)  # ends inside the drain
+        t0 = time.monotonic()
+        leaving.signal(signal.SIGTERM)
+        with leaving.client() as client:
+            while client.get("/readyz").status_code != 503:  # readiness fails first
+                assert time.monotonic() - t0 < 5
+                time.sleep(0.01)
+            refused = client.post(
+                "/v1/runs", json={"app_name": "a", "user_id": "u", "session_id": "s"}
+            )
+            assert refused.status_code == 503
+        leaving.wait_exit(drain + 15)
+        assert time.monotonic() - t0 >= drain * 0.9  # it waited for its runs
+        with staying.client() as client:
+            done = client.get(f"/v1/runs/{short['run_id']}").json()
+            cut = client.get(f"/v1/runs/{endless['run_id']}").json()
+            nodes = client.get("/v1/nodes").json()["nodes"]
+        assert done["status"] == "succeeded"
+        assert cut["status"] == "cancelled" and cut["cancel_reason"] == "node_shutdown"
+        assert cut["output"]  # partial output kept
+        assert [n["node_id"] for n in nodes] == ["node-2"]
+    finally:
+        cluster.stop()
+
+
+def test_no_redis_url_starts_an_embedded_server(tmp_path: Path) -> None:
+    env = {
+        "CANCEL_BUS_REDIS_URL": "",
+        "CANCEL_BUS_DATA_DIR": str(tmp_path / "state"),
+        "CANCEL_BUS_API_TOKENS": "",
+        "CANCEL_BUS_API_TOKENS_FILE": "",
+        "CANCEL_BUS_LEASE_TTL": "2",
+    }
+    node = NodeProcess("solo", env, tmp_path).start().wait_ready()
+    second = NodeProcess("second", env, tmp_path).start()
+    try:
+        run = _start(node, tokens=100_000, token_interval_ms=5)
+        with node.client() as client:
+            answer = client.post(f"/v1/runs/{run['run_id']}/cancel").json()
+        assert answer["outcome"] == "cancelled"
+        log = node.log_path.read_text()
+        assert "embedded server" in log and str(tmp_path / "state") in log
+        assert second.wait_exit(30) != 0  # the same data dir cannot serve two nodes
+        assert "another node runs an embedded server" in second.log_path.read_text()
+        redis_port = int(log.split("embedded server at redis://127.0.0.1:")[1].split("/")[0])
+    finally:
+        node.stop()
+        second.stop()
+    with socket.socket() as sock:  # the embedded server went away with its node
+        assert sock.connect_ex(("127.0.0.1", redis_port)) != 0
+    assert (tmp_path / "state" / "redis" / "dump.rdb").exists()
+
+
+def test_readiness_fails_while_redis_is_unreachable(tmp_path: Path) -> None:
+    server = EmbeddedServer().start()
+    cluster = Cluster(server.url, 1, tmp_path).start()
+    try:
+        node = cluster.nodes[0]
+        server.pause()  # SIGSTOP: connections hang
+        t0 = time.monotonic()
+        with node.client(timeout=5) as client:
+            while client.get("/readyz").status_code != 503:
+                assert time.monotonic() - t0 < 10
+            assert client.get("/healthz").status_code == 200  # alive all the same
+        server.resume()
+        node.wait_ready()
+    finally:
+        server.resume()
+        cluster.stop()
+        server.cleanup()
