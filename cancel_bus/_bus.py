@@ -450,19 +450,18 @@ class CancelBus:
             raise RunNotFound(run_id)
         if from_start:
             last = "0"
-        while run is not None and run.is_active:
-            for event in await self._store.read_relay(run_id, last, int(poll * 1000)):
+        while True:
+            active = run is not None and run.is_active
+            block_ms = int(poll * 1000) if active else None
+            for event in await self._store.read_relay(run_id, last, block_ms):
                 last = event.id
                 yield event
                 if event.type == "run.finished":
                     return
+            if not active:
+                break
             run = await self._store.get_run(run_id)
-            if run is not None and not run.is_active:
-                for event in await self._store.read_relay(run_id, last, 0):
-                    yield event
-                    if event.type == "run.finished":
-                        return
-        if run is not None:
+        if run is not None:  # not relayed, or its relay expired: the record tells the end
             yield RunEvent(
                 id=last,
                 type="run.finished",

@@ -30,6 +30,19 @@ def validate_id(value: object, what: str) -> str:
     return value
 
 
+# Every command the library sends, directly or from its scripts (Redis checks both).
+ACL_COMMANDS = (
+    "evalsha", "eval", "script|load", "script|exists", "time", "ping", "multi", "exec",
+    "discard", "select", "hello", "client|setname",
+    "get", "set", "del", "exists", "incr", "pexpire",
+    "hget", "hmget", "hset", "hsetnx", "hgetall", "hdel", "hstrlen",
+    "sadd", "srem", "spop", "scard", "smembers",
+    "zadd", "zrem", "zrange", "zrevrange", "zrangebyscore", "zremrangebyscore", "zscore",
+    "xadd", "xrange", "xrevrange", "xread",
+    "publish", "spublish", "subscribe", "ssubscribe", "unsubscribe", "sunsubscribe",
+)  # fmt: skip
+
+
 @dataclass(frozen=True, slots=True)
 class KeySpace:
     """Names of one namespace. Scripts derive per-run and per-node names from :attr:`prefix`
@@ -43,6 +56,13 @@ class KeySpace:
     @property
     def prefix(self) -> str:
         return f"cb:{{{self.namespace}}}:"
+
+    def acl_rules(self) -> str:
+        """The minimal Redis ACL rules for a user of this namespace only: its keys, its channels,
+        the commands the library uses. ``ACL SETUSER <name> on ><password> <rules>``."""
+        pattern = f"{self.prefix}*"
+        commands = " ".join(f"+{command}" for command in ACL_COMMANDS)
+        return f"resetkeys ~{pattern} resetchannels &{pattern} -@all {commands}"
 
     @property
     def active(self) -> str:

@@ -8,6 +8,7 @@ answering our pings is dropped and re-made: a silently dead subscriber must not 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Coroutine
@@ -15,6 +16,8 @@ from typing import Any
 
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
+
+from ._redis import is_closed_transport
 
 log = logging.getLogger("cancel_bus")
 
@@ -55,8 +58,10 @@ class Listener:
             while True:
                 try:
                     await self._listen(pubsub)
-                except (RedisError, OSError) as exc:
-                    if self.connected:
+                except Exception as exc:  # the listener must outlive any failure
+                    if not isinstance(exc, RedisError | OSError) and not is_closed_transport(exc):
+                        log.exception("cancel-bus: unexpected error in the subscriber loop")
+                    elif self.connected:
                         log.warning("cancel-bus: subscriber connection lost: %s", exc)
                     self.connected = False
                     self.reconnects += 1
@@ -114,4 +119,5 @@ async def _drop_connection(pubsub: Any) -> None:
     """Close the socket so the next read reconnects (and re-subscribes)."""
     connection = pubsub.connection
     if connection is not None:
-        await connection.disconnect()
+        with contextlib.suppress(Exception):
+            await connection.disconnect()

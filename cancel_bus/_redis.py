@@ -71,3 +71,13 @@ def translated(action: str) -> Iterator[None]:
         raise BusUnavailable(f"{action}: {type(exc).__name__}: {exc}") from exc
     except OSError as exc:
         raise BusUnavailable(f"{action}: {exc}") from exc
+    except RuntimeError as exc:
+        if not is_closed_transport(exc):
+            raise
+        raise BusUnavailable(f"{action}: Redis connection lost ({exc})") from exc
+
+
+def is_closed_transport(exc: BaseException) -> bool:
+    """uvloop reports a write on a connection the peer reset as a RuntimeError, not an OSError
+    (MagicStack/uvloop#506); redis-py has already discarded the connection when it surfaces."""
+    return isinstance(exc, RuntimeError) and "handler is closed" in str(exc)

@@ -383,8 +383,9 @@ class RunStore:
         return (RunInfo.from_redis(fields) if fields else None), (last[0][0] if last else "0")
 
     async def read_relay(
-        self, run_id: str, after: str, block_ms: int, count: int = 500
+        self, run_id: str, after: str, block_ms: int | None, count: int = 500
     ) -> list[RunEvent]:
+        """Entries after ``after``; waits up to ``block_ms`` for one (None: no wait)."""
         with translated("read_relay"):
             reply = await self.redis.xread(
                 {self.keys.relay(run_id): after}, count=count, block=block_ms

@@ -49,17 +49,22 @@ class NodeProcess:
     def wait_ready(self, timeout: float = READY_TIMEOUT) -> NodeProcess:
         """Poll /readyz like a kubelet does."""
         deadline = time.monotonic() + timeout
+        answer = "no answer"
         while time.monotonic() < deadline:
             assert self.process is not None
             if self.process.poll() is not None:
                 raise RuntimeError(f"{self.name} exited: {self.log_path.read_text()[-3000:]}")
             try:
-                if httpx.get(f"{self.url}/readyz", timeout=1).status_code == 200:
+                response = httpx.get(f"{self.url}/readyz", timeout=1)
+            except httpx.HTTPError as exc:
+                answer = repr(exc)
+            else:
+                if response.status_code == 200:
                     return self
-            except httpx.HTTPError:
-                pass
+                answer = response.text
             time.sleep(0.05)
-        raise RuntimeError(f"{self.name} not ready: {self.log_path.read_text()[-3000:]}")
+        log = self.log_path.read_text()[-3000:]
+        raise RuntimeError(f"{self.name} not ready ({answer}): {log}")
 
     def signal(self, sig: int) -> None:
         assert self.process is not None

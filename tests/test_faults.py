@@ -8,8 +8,10 @@ import time
 
 import pytest
 import redis.asyncio as aioredis
+import uvloop
 
 from cancel_bus import BusUnavailable, CancelBus, Outcome, RunStatus
+from node.embedded import EmbeddedServer
 
 from .conftest import BusFactory
 from .faultproxy import FaultProxy
@@ -239,3 +241,34 @@ async def _not_connected(bus: CancelBus) -> bool:
 
 async def _rejoined(bus: CancelBus, old_node: str) -> bool:
     return bus.ready and bus.node_id != old_node
+
+
+def test_under_uvloop_refused_connections_are_bus_unavailable_and_heal(
+    redis_server: EmbeddedServer, namespace: str
+) -> None:
+    """The node service runs on uvloop, whose transports fail differently from asyncio's
+    (a write after a reset is a RuntimeError there, uvloop#506; the node-level test
+    test_no_password_or_signing_key_leaks_when_redis_fails meets it): same promises."""
+
+    async def scenario() -> None:
+        proxy = await FaultProxy(redis_server.port).start()
+        bus = CancelBus(proxy.url, namespace=namespace, lease_ttl=30)
+        await bus.start()
+        try:
+            proxy.refuse()
+            await eventually(lambda: _not_connected(bus))
+            for _ in range(3):
+                with pytest.raises(BusUnavailable):
+                    await bus.cancel("some-run", timeout=2)
+            proxy.heal()
+            await eventually(lambda: _ready(bus))
+            assert (await bus.cancel("some-run", timeout=2)).outcome is Outcome.NOT_FOUND
+        finally:
+            await bus.close()
+            await proxy.close()
+
+    uvloop.run(scenario())
+
+
+async def _ready(bus: CancelBus) -> bool:
+    return bus.ready

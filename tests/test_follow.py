@@ -9,7 +9,7 @@ import pytest
 from cancel_bus import RunEvent, RunNotFound
 
 from .conftest import BusFactory
-from .helpers import WAIT
+from .helpers import WAIT, LoopingRun
 
 
 async def test_follow_from_another_node_sees_output_then_the_end(make_bus: BusFactory) -> None:
@@ -71,3 +71,28 @@ async def _until_following(bus: object, run_id: str) -> None:
             if any(c.get("cmd") == "xread" for c in clients):
                 return
             await asyncio.sleep(0.005)
+
+
+async def test_follow_a_run_without_relay_ends_when_it_ends(make_bus: BusFactory) -> None:
+    a, b = await make_bus(), await make_bus()
+    run = await LoopingRun(a).start()  # relay off: nothing is relayed, the end still shows
+
+    async def follow() -> list[RunEvent]:
+        return [event async for event in b.follow(run.run_id, poll=0.1)]
+
+    follower = asyncio.create_task(follow())
+    await _until_following(b, run.run_id)
+    run.finish.set()
+    await run.done()
+    events = await asyncio.wait_for(follower, WAIT)
+    assert [e.type for e in events] == ["run.finished"]
+    assert events[0].data["status"] == "succeeded"
+
+
+async def test_follow_from_start_replays_a_finished_relayed_run(make_bus: BusFactory) -> None:
+    a = await make_bus()
+    async with a.run(relay=True) as run:
+        run.emit("one")
+        run.emit_event("tool_call", {"name": "x"})
+    events = [e async for e in a.follow(run.run_id, from_start=True)]
+    assert [e.type for e in events] == ["output", "tool_call", "run.finished"]

@@ -3,16 +3,21 @@ sees and cancels only its own runs, and no token ends up in a log."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+import redis.asyncio as aioredis
 
+from cancel_bus._keys import KeySpace
 from node.embedded import EmbeddedServer
 
+from .faultproxy import FaultProxy
 from .node_cluster import Cluster
 
 OPS = "ops-" + uuid.uuid4().hex
@@ -144,3 +149,62 @@ def test_without_tokens_a_node_binds_loopback_only_and_says_so(
         assert "0.0.0.0" not in log.split("AUTH IS OFF")[1]
     finally:
         cluster.stop()
+
+
+async def test_no_password_or_signing_key_leaks_when_redis_fails(
+    redis_server: EmbeddedServer,
+    proxy: FaultProxy,
+    raw_redis: aioredis.Redis,
+    tmp_path: Path,
+) -> None:
+    namespace = f"leak-{uuid.uuid4().hex[:8]}"
+    user, password = f"u-{namespace}", "pw-" + uuid.uuid4().hex
+    signing_key = "sk-" + uuid.uuid4().hex
+    await raw_redis.execute_command(
+        "ACL", "SETUSER", user, "on", f">{password}", *KeySpace(namespace).acl_rules().split()
+    )
+    url = f"redis://{user}:{password}@127.0.0.1:{proxy.port}/0"
+    cluster = Cluster(
+        url,
+        1,
+        tmp_path,
+        namespace=namespace,
+        signing_key=signing_key,
+        api_tokens=json.dumps(TOKENS),
+        lease_ttl="30",
+    )
+    cluster.nodes[0].env["CANCEL_BUS_NAMESPACE"] = namespace
+    await asyncio.to_thread(cluster.start)
+    node = cluster.nodes[0]
+    try:
+        headers = {"Authorization": f"Bearer {OPS}"}
+        async with httpx.AsyncClient(base_url=node.url, headers=headers, timeout=30) as client:
+            run = (
+                await client.post(
+                    "/v1/runs",
+                    json={
+                        "app_name": "a",
+                        "user_id": "u",
+                        "session_id": "s",
+                        "agent": {"tokens": 100_000, "token_interval_ms": 5},
+                    },
+                )
+            ).json()
+            proxy.refuse()
+            bodies = [
+                await client.post(f"/v1/runs/{run['run_id']}/cancel", json={"timeout": 2}),
+                await client.get("/v1/runs"),
+                await client.get("/readyz"),
+            ]
+            assert [r.status_code for r in bodies] == [503, 503, 503]
+            proxy.heal()
+            await asyncio.to_thread(node.wait_ready)
+            bodies.append(await client.get("/metrics"))
+            texts = [r.text for r in bodies] + [node.log_path.read_text()]
+    finally:
+        proxy.heal()
+        await asyncio.to_thread(cluster.stop)
+        await raw_redis.execute_command("ACL", "DELUSER", user)
+    for text in texts:
+        for secret in (password, signing_key, *TOKENS):
+            assert secret not in text
