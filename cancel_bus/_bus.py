@@ -129,7 +129,8 @@ class CancelBus:
         self._listener_task: asyncio.Task[None] | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._early_cancels: dict[str, tuple[float, CancelRequest]] = {}
-        self._accepted: dict[str, tuple[float, CancelRequest]] = {}
+        self._accepted: dict[str, tuple[float, CancelRequest]] = {}  # recently, by this node
+        self._unconfirmed: set[str] = set()  # accepted cancels to record again after data loss
         self._rejoining = asyncio.Lock()
         self._reconciling = False
         self._state = "new"
@@ -615,6 +616,8 @@ class CancelBus:
                 if not run.is_active:
                     self._waiters.resolve(run.run_id, run)
             self._forget_accepted()
+            if self._unconfirmed:
+                await self._reissue_accepted()
         except BusUnavailable as exc:
             log.debug("cancel-bus: sweep skipped: %s", exc)
 
@@ -654,8 +657,8 @@ class CancelBus:
                 await self._reconcile()
                 for run_id in self._waiters.run_ids():
                     await self._store.add_waiter(run_id, self._node_id)
-                for run_id, (_, request) in list(self._accepted.items()):
-                    await self._reissue(run_id, request)
+                self._unconfirmed.update(self._accepted)
+                await self._reissue_accepted()
             except BusUnavailable as exc:
                 log.warning("cancel-bus: re-assertion incomplete, retrying next beat: %s", exc)
                 return
@@ -722,19 +725,32 @@ class CancelBus:
         if code == "ok":
             self.stats.orphans_resolved += 1
 
-    async def _reissue(self, run_id: str, request: CancelRequest) -> None:
-        target = f"run:{run_id}"
-        await self._store.request_cancel(
-            run_id=run_id,
-            session=None,
-            target=target,
-            mode=request.mode,
-            reason=request.reason,
-            requested_by=request.requested_by,
-            waiter="",
-            caller=self._node_id,
-            auth=self._signer.auth(cancel_purpose(target, request.mode)),
-        )
+    async def _reissue_accepted(self) -> None:
+        """Record again the cancels this node accepted shortly before Redis lost them. A run its
+        owner has not re-asserted yet is tried again at the next sweep (for two leases)."""
+        for run_id in list(self._unconfirmed):
+            accepted = self._accepted.get(run_id)
+            if accepted is None:
+                self._unconfirmed.discard(run_id)
+                continue
+            request, target = accepted[1], f"run:{run_id}"
+            answer = await self._store.request_cancel(
+                run_id=run_id,
+                session=None,
+                target=target,
+                mode=request.mode,
+                reason=request.reason,
+                requested_by=request.requested_by,
+                waiter="",
+                caller=self._node_id,
+                auth=self._signer.auth(cancel_purpose(target, request.mode)),
+            )
+            if answer.code == "not_found":
+                continue
+            self._unconfirmed.discard(run_id)
+            handle = self._local.get(run_id)
+            if handle is not None and answer.run is not None and answer.run.cancel_request:
+                handle.deliver(answer.run.cancel_request)
 
     # -- internals ----------------------------------------------------------------------------
 

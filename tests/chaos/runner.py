@@ -1,0 +1,75 @@
+"""One chaos run end to end: cluster, workload under faults, quiescence, the checker."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+import uuid
+from pathlib import Path
+
+import httpx
+
+from .checker import Checker, Report
+from .harness import LEASE_TTL, SWEEP, Cluster
+from .workload import Profile, Workload
+
+MAX_RUN_SECONDS = 3 * (60 * 0.015 + 2 * 0.15)  # the longest run the workload makes
+QUIET_DEADLINE = MAX_RUN_SECONDS + LEASE_TTL + LEASE_TTL / 3 + SWEEP + 3.0
+NODES = 4
+
+
+async def run_chaos(profile: Profile, workdir: Path) -> Report:
+    report = Report(seed=profile.seed)
+    began = time.monotonic()
+    cluster = Cluster(workdir, NODES, f"chaos-{uuid.uuid4().hex[:8]}")
+    await cluster.start()
+    try:
+        workload = Workload(cluster, profile)
+        await workload.run()
+        report.faults.update(cluster.faults)
+        async with cluster.admin() as redis:
+            quiet_after = await _quiescence(redis, cluster.namespace)
+            report.worst_orphan_resolution = quiet_after
+            checker = Checker(cluster, workload.ops, report)
+            if quiet_after > QUIET_DEADLINE:
+                checker.fail(
+                    "no_orphan_after_faults",
+                    f"runs still active {quiet_after:.1f}s after the faults stopped",
+                )
+            report.recovered_by_sweep = await _sum_metric(
+                cluster, "cancel_bus_cancels_recovered_by_sweep_total"
+            )
+            await checker.load(redis)
+            checker.check_terminal_states()
+            checker.check_cancelled_is_true()
+            checker.check_answers()
+            await checker.check_no_leak(redis)
+    finally:
+        await cluster.stop()
+    report.duration = time.monotonic() - began
+    return report
+
+
+async def _quiescence(redis: object, namespace: str, poll: float = 0.1) -> float:
+    """Seconds until no run is active (stops looking at twice the deadline)."""
+    active = f"cb:{{{namespace}}}:active"
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < 2 * QUIET_DEADLINE:
+        if not await redis.zcard(active):  # type: ignore[attr-defined]
+            break
+        await asyncio.sleep(poll)
+    return time.monotonic() - t0
+
+
+async def _sum_metric(cluster: Cluster, name: str) -> int:
+    total = 0
+    async with httpx.AsyncClient(timeout=5) as client:
+        for worker in cluster.workers:
+            try:
+                text = (await client.get(f"{worker.url}/metrics")).text
+            except httpx.HTTPError:
+                continue
+            match = re.search(rf"^{name} ([0-9.e+]+)$", text, re.M)
+            total += int(float(match.group(1))) if match else 0
+    return total

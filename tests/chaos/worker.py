@@ -1,0 +1,95 @@
+"""A node process for the chaos suite: the real node service, plus an audit log (JSON lines) of
+what each run's code did, so the checker can prove that no code went on after an observed
+cancel and that the finish Redis accepted is the one the node meant."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+import time
+from typing import Any
+
+import node.app
+import node.service
+from cancel_bus import RunCancelled, RunHandle
+from node.cli import main
+from node.schemas import AgentSpec, StartRun
+
+AUDIT = open(os.environ["CHAOS_AUDIT_LOG"], "a", buffering=1)  # noqa: SIM115 (process-long)
+NODE = os.environ.get("CANCEL_BUS_NODE_ID", "?")
+run_agent = node.service.run_agent
+
+
+def audit(event: str, run_id: str, **fields: Any) -> None:
+    record = {"at": time.time(), "event": event, "run": run_id, "node": NODE, **fields}
+    AUDIT.write(json.dumps(record) + "\n")
+
+
+class AuditedRun:
+    """The handle the agent code sees: every emission and every observed cancel is logged."""
+
+    def __init__(self, handle: RunHandle) -> None:
+        self._handle = handle
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._handle, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "_handle":
+            object.__setattr__(self, name, value)
+        else:
+            setattr(self._handle, name, value)
+
+    def emit(self, text: str) -> None:
+        audit("emit", self._handle.run_id)
+        self._handle.emit(text)
+
+    def emit_event(self, event_type: str, data: dict[str, Any]) -> None:
+        audit("emit", self._handle.run_id, kind=event_type)
+        self._handle.emit_event(event_type, data)
+
+    def checkpoint(self) -> None:
+        self._observed(self._handle.checkpoint)
+
+    def turn_boundary(self) -> None:
+        self._observed(self._handle.turn_boundary)
+
+    def _observed(self, check: Any) -> None:
+        try:
+            check()
+        except RunCancelled:
+            audit("observed", self._handle.run_id)
+            raise
+
+
+async def audited_agent(run: RunHandle, spec: AgentSpec) -> None:
+    audit("code_start", run.run_id)
+    try:
+        await run_agent(AuditedRun(run), spec)  # type: ignore[arg-type]
+    except RunCancelled:
+        audit("code_end", run.run_id, how="cancelled")
+        raise
+    except asyncio.CancelledError:
+        audit("code_end", run.run_id, how="interrupted")
+        raise
+    audit("code_end", run.run_id, how="returned")
+
+
+class AuditedService(node.service.NodeService):
+    async def _execute(self, body: StartRun, registered: asyncio.Future[RunHandle]) -> None:
+        try:
+            await super()._execute(body, registered)
+        finally:
+            if registered.done() and not registered.cancelled() and not registered.exception():
+                handle = registered.result()
+                status = handle.final_status.value if handle.final_status else None
+                audit("final", handle.run_id, status=status)
+
+
+node.service.run_agent = audited_agent  # type: ignore[assignment]
+node.app.NodeService = AuditedService  # type: ignore[misc]
+
+if __name__ == "__main__":
+    sys.exit(main(["serve"]))
