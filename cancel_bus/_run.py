@@ -8,12 +8,16 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from types import TracebackType
 from typing import Any, Protocol
 
 from ._errors import RunCancelled
 from ._types import CancelMode, CancelRequest, RunInfo, RunStatus
+
+log = logging.getLogger("cancel_bus")
 
 
 class RunOwner(Protocol):
@@ -42,6 +46,7 @@ class RunHandle:
     """What the code of a run holds: ``checkpoint()``, ``emit()``, ``phase`` and the request."""
 
     __slots__ = (
+        "_callbacks",
         "_exiting",
         "_owner",
         "_phase",
@@ -99,6 +104,7 @@ class RunHandle:
         self._task: asyncio.Task[Any] | None = None
         self._task_cancel_sent = False
         self._exiting = False
+        self._callbacks: list[Callable[[CancelRequest], None]] = []
 
     # -- the run's code calls these ----------------------------------------------------------
 
@@ -115,6 +121,14 @@ class RunHandle:
     @property
     def cancel_requested(self) -> CancelRequest | None:
         return self._request
+
+    def add_cancel_callback(self, callback: Callable[[CancelRequest], None]) -> None:
+        """Call ``callback(request)`` when a cancel reaches this run, and again when a stronger
+        mode escalates it (at once if one already has). For adapters that must react at once,
+        e.g. by handing the cancel to a framework; it runs in the node's listener: be quick."""
+        self._callbacks.append(callback)
+        if self._request is not None:
+            callback(self._request)
 
     @property
     def session(self) -> tuple[str, str, str] | None:
@@ -185,6 +199,11 @@ class RunHandle:
         if mode is CancelMode.IMMEDIATE:
             self._interrupt()
         self._owner.run_changed(self)
+        for callback in self._callbacks:
+            try:
+                callback(self._request)
+            except Exception:
+                log.exception("cancel-bus: a cancel callback of run %s failed", self.run_id)
         return True
 
     def stop(self, reason: str) -> None:

@@ -18,15 +18,17 @@ find_python() {
 }
 
 ensure_venv() {
-    local extras="$1"
-    if [ ! -x .venv/bin/python ]; then
-        "$(find_python)" -m venv .venv
+    # $1: the project's extras to install; $VENV: the environment (default .venv)
+    local extras="$1" venv="${VENV:-.venv}"
+    if [ ! -x "$venv/bin/python" ]; then
+        "$(find_python)" -m venv "$venv"
     fi
     local stamp
-    stamp=".venv/.installed-$(cat pyproject.toml | sha256sum | cut -c1-16)-${extras//,/-}"
+    stamp="$venv/.installed-$(sha256sum < pyproject.toml | cut -c1-16)-${extras//,/-}"
     if [ ! -f "$stamp" ]; then
-        .venv/bin/python -m pip install --quiet --upgrade pip
-        .venv/bin/python -m pip install --quiet -e ".${extras:+[$extras]}"
+        echo "installing into $venv (.${extras:+[$extras]}) ..." >&2
+        "$venv/bin/python" -m pip install --quiet --upgrade pip
+        "$venv/bin/python" -m pip install --quiet -e ".${extras:+[$extras]}"
         touch "$stamp"
     fi
 }

@@ -481,3 +481,29 @@ async def _until_waiters(bus: object, run_id: str, count: int) -> None:
     async with asyncio.timeout(WAIT):
         while await redis.scard(key) < count:
             await asyncio.sleep(0.005)
+
+
+async def test_cancel_callbacks_fire_on_delivery_and_escalation(make_bus: BusFactory) -> None:
+    a, b = await make_bus(), await make_bus()
+    run = await LoopingRun(a).start()
+    assert run.handle is not None
+    seen: list[CancelMode] = []
+    delivered = asyncio.Event()
+
+    def callback(request: object) -> None:
+        seen.append(request.mode)  # type: ignore[attr-defined]
+        delivered.set()
+
+    def broken(request: object) -> None:
+        raise RuntimeError("an adapter bug must not stop the delivery")
+
+    run.handle.add_cancel_callback(broken)
+    run.handle.add_cancel_callback(callback)
+    await b.cancel(run.run_id, mode="after_turn", wait=False)
+    await asyncio.wait_for(delivered.wait(), WAIT)
+    await b.cancel(run.run_id, mode="immediate", timeout=WAIT)
+    late: list[CancelMode] = []
+    run.handle.add_cancel_callback(lambda request: late.append(request.mode))
+    assert seen == [CancelMode.AFTER_TURN, CancelMode.IMMEDIATE]
+    assert late == [CancelMode.IMMEDIATE]  # registered after the fact: called at once
+    await run.done()

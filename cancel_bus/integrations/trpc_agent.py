@@ -1,0 +1,390 @@
+"""trpc-agent: ``Runner.cancel_run_async`` and the rest of trpc-agent's cancel API, from any node.
+
+    bus = CancelBus(redis_url, namespace="agents")
+    await bus.start()
+    trpc_agent.install(bus)  # on the event loop that runs the Runners
+    ...
+    await runner.cancel_run_async(user_id, session_id)  # on any replica
+
+Every cancel path of trpc-agent (``Runner.cancel_run_async``, ``cancel.cancel_run`` used by AG-UI,
+``ctx.raise_if_cancelled()``, the A2A executors) goes through one process-wide manager,
+``trpc_agent_sdk.cancel._cancel._manager``; ``install`` puts a :class:`BusCancellationManager`
+there. Each run is a bus run of its session key, so the key has one active run in the cluster and
+a ``cancel_run`` on any node reaches it; ``is_cancelled`` and ``get_cancel_event`` stay local.
+
+Fixed on the way (trpc-agent's own manager has these single-node defects): every ``cancel_run``
+caller gets an Event that is set, not only the last one; a finished run's ``cleanup_run`` never
+removes a newer run of the same key; a run that never reaches a checkpoint is shown ``stopping``
+by ``bus.get_run``/``list_runs`` and recorded ``cancelled`` with ``end_reason`` ``completed``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import importlib.metadata
+import inspect
+import logging
+import re
+import sys
+import threading
+from collections.abc import Coroutine, Mapping
+from contextlib import AbstractAsyncContextManager
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+from trpc_agent_sdk.cancel import SessionKey, _cancel  # type: ignore[import-untyped]
+
+from cancel_bus import (
+    ID_PATTERN,
+    MAX_ID_LENGTH,
+    BusClosed,
+    BusUnavailable,
+    CancelBus,
+    CancelMode,
+    CancelRequest,
+    Outcome,
+    RunCancelled,
+    RunHandle,
+    SessionBusy,
+)
+
+__all__ = ["SUPPORTED", "BusCancellationManager", "bus_session", "install", "uninstall"]
+
+log = logging.getLogger("cancel_bus.integrations.trpc_agent")
+
+SUPPORTED = "trpc-agent-py>=1.1,<1.3"
+CANCEL_REASON = "trpc-agent cancel_run"
+WAIT_SLICE_SECONDS = 60.0  # one bus.wait of a remote run's end; repeated until it ends
+RETRY_SECONDS = 1.0
+
+# The manager's methods and parameters this module replaces, and the module functions that must
+# reach them through ``_manager``; checked at install time.
+_METHODS = {
+    "register_run": ("self", "app_name", "user_id", "session_id"),
+    "cancel_run": ("self", "app_name", "user_id", "session_id"),
+    "is_cancelled": ("self", "session_key"),
+    "cleanup_run": ("self", "app_name", "user_id", "session_id"),
+    "get_active_sessions": ("self",),
+    "get_cancel_event": ("self", "session_key"),
+}
+_FUNCTIONS = (
+    "register_run",
+    "cancel_run",
+    "is_run_cancelled",
+    "cleanup_run",
+    "raise_if_cancelled",
+    "get_cancel_event",
+)
+_ID_RE = re.compile(ID_PATTERN)
+_INSTALL_LOCK = threading.Lock()
+
+
+def bus_session(app_name: str, user_id: str, session_id: str) -> tuple[str, str, str]:
+    """The bus session key of a trpc-agent session: each part as is if it is a valid bus id,
+    else ``sha256=`` and its digest."""
+    return (_bus_id(app_name), _bus_id(user_id), _bus_id(session_id))
+
+
+def _bus_id(value: str) -> str:
+    if len(value) <= MAX_ID_LENGTH and _ID_RE.fullmatch(value):
+        return value
+    return "sha256=" + hashlib.sha256(value.encode()).hexdigest()
+
+
+@dataclass(eq=False)
+class _LocalRun:
+    """One run of a session key on this node: its bus scope and the Events handed out for it."""
+
+    key: Any  # SessionKey
+    scope: AbstractAsyncContextManager[RunHandle]
+    handle: RunHandle
+    cancel_event: asyncio.Event = field(default_factory=asyncio.Event)
+    cleanup_events: list[asyncio.Event] = field(default_factory=list)
+    observed: RunCancelled | None = None
+    watching: bool = False
+    finished: bool = False
+
+    def poll(self) -> bool:
+        """The hot path: True once a cancel was delivered (an attribute test on the token)."""
+        try:
+            self.handle.checkpoint()
+        except RunCancelled as exc:
+            self.observed = exc
+            self.cancel_event.set()
+            return True
+        return False
+
+    def event(self) -> asyncio.Event:
+        """The Event set when a cancel (other than ``after_turn``) is delivered."""
+        if not self.watching:
+            self.watching = True
+            self.handle.add_cancel_callback(self._delivered)
+        return self.cancel_event
+
+    def _delivered(self, request: CancelRequest) -> None:
+        if request.mode is not CancelMode.AFTER_TURN:
+            self.cancel_event.set()
+
+
+# The runs registered in this context, by key: ``cleanup_run`` ends the caller's own run.
+_CONTEXT_RUNS: ContextVar[Mapping[Any, _LocalRun]] = ContextVar(
+    "cancel_bus_trpc_runs", default=MappingProxyType({})
+)
+
+
+class _Node:
+    """The runs of one bus (one event loop): session key -> its current local run."""
+
+    def __init__(self, bus: CancelBus, busy_timeout: float) -> None:
+        self.bus = bus
+        self.busy_timeout = busy_timeout
+        self.runs: dict[Any, _LocalRun] = {}
+        self.remote: dict[str, list[asyncio.Event]] = {}
+        self.tasks: set[asyncio.Task[None]] = set()
+
+    async def start(self, key: Any) -> _LocalRun:
+        """Register a bus run for ``key``; a run of the key that is stopping is waited for."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.busy_timeout
+        app_name, user_id, session_id = bus_session(key.app_name, key.user_id, key.session_id)
+        while True:
+            scope = self.bus.run(
+                app_name=app_name,
+                user_id=user_id,
+                session_id=session_id,
+                metadata={"integration": "trpc-agent"},
+            )
+            try:
+                handle = await scope.__aenter__()
+            except SessionBusy as busy:
+                active = await self.bus.get_run(busy.active_run_id)
+                remaining = deadline - loop.time()
+                if active is not None and active.is_active:
+                    if not active.stopping or remaining <= 0:
+                        raise
+                    await self.bus.wait(active.run_id, timeout=remaining)
+                elif remaining <= 0:
+                    raise
+                continue
+            run = _LocalRun(key, scope, handle)
+            self.runs[key] = run
+            return run
+
+    async def cancel(self, key: Any) -> asyncio.Event | None:
+        result = await self.bus.cancel_session(
+            *bus_session(key.app_name, key.user_id, key.session_id),
+            reason=CANCEL_REASON,
+            wait=False,
+        )
+        if result.outcome is Outcome.NOT_FOUND:
+            return None
+        done = asyncio.Event()
+        if result.outcome is not Outcome.STOPPING or result.run is None:
+            done.set()  # it was not executing (queued, waiting) or its owner died: it is over
+            return done
+        local = self.runs.get(key)
+        if local is not None and local.handle.run_id == result.run.run_id:
+            local.cancel_event.set()
+            local.cleanup_events.append(done)
+        elif result.run.run_id in self.remote:
+            self.remote[result.run.run_id].append(done)
+        else:
+            self.remote[result.run.run_id] = [done]
+            self._spawn(self._await_remote_end(result.run.run_id))
+        return done
+
+    async def finish(self, run: _LocalRun) -> None:
+        """End the run's bus scope: cancelled if it saw the cancel, else as its code ended."""
+        run.finished = True
+        if self.runs.get(run.key) is run:
+            del self.runs[run.key]
+        exc = run.observed or sys.exc_info()[1]
+        try:
+            if exc is None:
+                await run.scope.__aexit__(None, None, None)
+            else:
+                await run.scope.__aexit__(type(exc), exc, exc.__traceback__)
+        finally:
+            for event in run.cleanup_events:
+                event.set()
+
+    def close(self) -> None:
+        if self.runs:
+            raise RuntimeError(
+                f"{len(self.runs)} trpc-agent runs are still active on this loop; "
+                "uninstall after they end"
+            )
+        for task in self.tasks:
+            task.cancel()
+
+    async def _await_remote_end(self, run_id: str) -> None:
+        """Set the Events of a run owned elsewhere once it has ended (its owner's cleanup ran)."""
+        while True:
+            try:
+                run = await self.bus.wait(run_id, timeout=WAIT_SLICE_SECONDS)
+            except BusUnavailable as exc:
+                log.warning("cancel-bus: waiting for the end of %s: %s", run_id, exc)
+                await asyncio.sleep(RETRY_SECONDS)
+                continue
+            except BusClosed:
+                return
+            if run is None or not run.is_active:
+                break
+        for event in self.remote.pop(run_id, ()):
+            event.set()
+
+    def _spawn(self, job: Coroutine[Any, Any, None]) -> None:
+        task: asyncio.Task[None] = asyncio.create_task(job)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+
+class BusCancellationManager:
+    """Drop-in for trpc-agent's ``_RunCancellationManager``, cluster-wide through the bus bound
+    to the calling event loop. A loop without a bus keeps trpc-agent's own (single-node) manager.
+    """
+
+    def __init__(self, fallback: Any) -> None:
+        self.fallback = fallback
+        self._nodes: dict[asyncio.AbstractEventLoop, _Node] = {}
+
+    async def register_run(self, app_name: str, user_id: str, session_id: str) -> Any:
+        """Register a run of the key as a bus run owned here; returns its ``SessionKey``.
+
+        Raises ``SessionBusy`` if the key has an active run anywhere that is not stopping (or
+        that does not stop within the install's ``busy_timeout``)."""
+        node = self._node()
+        if node is None:
+            return await self.fallback.register_run(app_name, user_id, session_id)
+        key = SessionKey(app_name, user_id, session_id)
+        run = await node.start(key)
+        _CONTEXT_RUNS.set(MappingProxyType({**_CONTEXT_RUNS.get(), key: run}))
+        return key
+
+    async def cancel_run(
+        self, app_name: str, user_id: str, session_id: str
+    ) -> asyncio.Event | None:
+        """Ask the key's run to stop, on whichever node runs it. None if no node runs the key,
+        else an Event (of the caller's loop) set once the run's cleanup ran on its owner."""
+        node = self._node()
+        if node is None:
+            result: asyncio.Event | None = await self.fallback.cancel_run(
+                app_name, user_id, session_id
+            )
+            return result
+        return await node.cancel(SessionKey(app_name, user_id, session_id))
+
+    async def is_cancelled(self, session_key: Any) -> bool:
+        """True once a cancel was delivered to this node's run of the key (no I/O)."""
+        node = self._node()
+        if node is None:
+            cancelled: bool = await self.fallback.is_cancelled(session_key)
+            return cancelled
+        run = node.runs.get(session_key)
+        return run is not None and run.poll()
+
+    async def cleanup_run(self, app_name: str, user_id: str, session_id: str) -> None:
+        """End the caller's run of the key (recorded on the bus) and set its ``cancel_run``
+        Events. A cleanup from a run that already ended, or of an unknown key, does nothing."""
+        node = self._node()
+        if node is None:
+            await self.fallback.cleanup_run(app_name, user_id, session_id)
+            return
+        key = SessionKey(app_name, user_id, session_id)
+        run = _CONTEXT_RUNS.get().get(key) or node.runs.get(key)
+        if run is not None and not run.finished:
+            await node.finish(run)
+
+    def get_active_sessions(self) -> dict[tuple[str, str, str], bool]:
+        """This node's runs and whether a cancel reached them (``bus.list_runs`` for all)."""
+        node = self._node()
+        if node is None:
+            sessions: dict[tuple[str, str, str], bool] = self.fallback.get_active_sessions()
+            return sessions
+        return {
+            (k.app_name, k.user_id, k.session_id): run.handle.cancel_requested is not None
+            for k, run in node.runs.items()
+        }
+
+    async def get_cancel_event(self, session_key: Any) -> asyncio.Event | None:
+        """The Event set when a cancel reaches this node's run of the key; None if not here."""
+        node = self._node()
+        if node is None:
+            event: asyncio.Event | None = await self.fallback.get_cancel_event(session_key)
+            return event
+        run = node.runs.get(session_key)
+        return run.event() if run is not None else None
+
+    def _node(self) -> _Node | None:
+        try:
+            return self._nodes.get(asyncio.get_running_loop())
+        except RuntimeError:
+            return None
+
+
+def install(bus: CancelBus, *, busy_timeout: float = 10.0) -> None:
+    """Make trpc-agent's cancel API cluster-wide through ``bus`` on the running event loop.
+
+    Call it on the loop that runs the Runners, once the bus is started. ``busy_timeout``: how long
+    a new run of a session key waits for the key's stopping run to end before ``SessionBusy``.
+    Raises ``RuntimeError`` if this trpc-agent version moved the internals this relies on."""
+    loop = _running_loop("install")
+    with _INSTALL_LOCK:
+        module = _checked_cancel_module()
+        manager = module._manager
+        if not isinstance(manager, BusCancellationManager):
+            manager = BusCancellationManager(fallback=manager)
+        if loop in manager._nodes:
+            raise RuntimeError("a bus is already installed for trpc-agent on this event loop")
+        manager._nodes[loop] = _Node(bus, busy_timeout)
+        module._manager = manager
+
+
+def uninstall() -> None:
+    """Undo :func:`install` on the running loop; trpc-agent's own manager is back once no loop
+    has a bus. Raises ``RuntimeError`` while runs of this loop are still active."""
+    loop = _running_loop("uninstall")
+    with _INSTALL_LOCK:
+        module: Any = _cancel
+        manager = module._manager
+        if not isinstance(manager, BusCancellationManager) or loop not in manager._nodes:
+            return
+        manager._nodes[loop].close()
+        del manager._nodes[loop]
+        if not manager._nodes:
+            module._manager = manager.fallback
+
+
+def _running_loop(what: str) -> asyncio.AbstractEventLoop:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        raise RuntimeError(f"{what}() must be called on the event loop of the bus") from None
+
+
+def _checked_cancel_module() -> Any:
+    """``trpc_agent_sdk.cancel._cancel`` if it still has the shape this module replaces."""
+    module: Any = _cancel
+    problems: list[str] = []
+    manager_class = getattr(module, "_RunCancellationManager", None)
+    if manager_class is None or not hasattr(module, "_manager"):
+        problems.append("no _RunCancellationManager/_manager")
+    else:
+        for name, parameters in _METHODS.items():
+            method = getattr(manager_class, name, None)
+            if method is None or tuple(inspect.signature(method).parameters) != parameters:
+                problems.append(f"_RunCancellationManager.{name}")
+    for name in _FUNCTIONS:
+        function = getattr(module, name, None)
+        if function is None or "_manager" not in function.__code__.co_names:
+            problems.append(f"{name}() does not use _manager")
+    if problems:
+        version = importlib.metadata.version("trpc-agent-py")
+        raise RuntimeError(
+            f"cancel_bus.integrations.trpc_agent supports {SUPPORTED}; trpc-agent-py {version} "
+            f"changed trpc_agent_sdk.cancel._cancel: {'; '.join(problems)}"
+        )
+    return module

@@ -1,0 +1,137 @@
+"""Two trpc-agent nodes in one test: a node on its own event loop in a thread (a replica), a
+scripted agent that streams without an LLM, and the helpers both integration tests share."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import threading
+from collections.abc import AsyncGenerator, Coroutine
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from trpc_agent_sdk.agents import BaseAgent
+from trpc_agent_sdk.configs import RunConfig
+from trpc_agent_sdk.context import InvocationContext
+from trpc_agent_sdk.events import Event
+from trpc_agent_sdk.runners import Runner
+from trpc_agent_sdk.sessions import InMemorySessionService
+from trpc_agent_sdk.types import Content, Part
+
+from cancel_bus import CancelBus
+from cancel_bus.integrations import trpc_agent
+
+from ..helpers import WAIT
+
+T = TypeVar("T")
+APP = "chat"
+PACE = 0.005  # the agent's streaming pace (work, never a synchronisation)
+
+
+class StreamingAgent(BaseAgent):
+    """Streams numbered chunks as partial events; what it does depends on the user's message:
+
+    * ``stream``: a checkpoint (``ctx.raise_if_cancelled()``) before every chunk, up to 2000;
+    * ``short``: three checkpointed chunks, then a final answer;
+    * ``hold``: three chunks, no checkpoint at all, waits for ``release``, then a final answer.
+    """
+
+    release: asyncio.Event
+
+    async def _run_async_impl(self, ctx: InvocationContext) -> AsyncGenerator[Event, None]:
+        command = ctx.user_content.parts[0].text
+        chunks = 2000 if command == "stream" else 3
+        for i in range(chunks):
+            if command != "hold":
+                await ctx.raise_if_cancelled()
+            yield self._event(ctx, f"t{i} ", partial=True)
+            await asyncio.sleep(PACE)
+        if command == "hold":
+            await asyncio.wait_for(self.release.wait(), WAIT)
+        yield self._event(ctx, "done", partial=False)
+
+    def _event(self, ctx: InvocationContext, text: str, *, partial: bool) -> Event:
+        content = Content(role="model", parts=[Part.from_text(text=text)])
+        return Event(
+            invocation_id=ctx.invocation_id, author=self.name, content=content, partial=partial
+        )
+
+
+@dataclass
+class TrpcNode:
+    """One replica: a bus installed for trpc-agent on its loop, and a Runner of the agent."""
+
+    bus: CancelBus
+    runner: Runner
+    agent: StreamingAgent
+
+    @classmethod
+    async def start(cls, redis_url: str, namespace: str) -> TrpcNode:
+        bus = CancelBus(redis_url, namespace=namespace, lease_ttl=3.0)
+        await bus.start()
+        trpc_agent.install(bus)
+        agent = StreamingAgent(name="streamer", release=asyncio.Event())
+        runner = Runner(app_name=APP, agent=agent, session_service=InMemorySessionService())
+        return cls(bus, runner, agent)
+
+    async def stop(self) -> None:
+        trpc_agent.uninstall()
+        await self.runner.close()
+        await self.bus.close(cancel_timeout=2.0)
+
+    async def run(
+        self, user_id: str, session_id: str, command: str, started: concurrent.futures.Future[None]
+    ) -> list[Event]:
+        """Run the agent to its end; ``started`` resolves once three events have streamed."""
+        events: list[Event] = []
+        async for event in self.runner.run_async(
+            user_id=user_id,
+            session_id=session_id,
+            new_message=Content(role="user", parts=[Part.from_text(text=command)]),
+            run_config=RunConfig(streaming=True),
+        ):
+            events.append(event)
+            if len(events) == 3:
+                started.set_result(None)
+        return events
+
+    async def last_session_text(self, user_id: str, session_id: str) -> str:
+        session = await self.runner.session_service.get_session(
+            app_name=APP, user_id=user_id, session_id=session_id
+        )
+        text: str = session.events[-1].content.parts[0].text
+        return text
+
+
+class LoopThread:
+    """An event loop running in its own thread: another node's loop, as in another process."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self._thread.start()
+
+    def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    async def call(self, coro: Coroutine[Any, Any, T]) -> T:
+        return await asyncio.wait_for(asyncio.wrap_future(self.submit(coro)), WAIT)
+
+    async def close(self) -> None:
+        """Cancel what is left on the loop (e.g. a library's watcher task), then stop it."""
+        await self.call(_cancel_others())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        await asyncio.to_thread(self._thread.join, WAIT)
+        self.loop.close()
+
+
+async def _cancel_others() -> None:
+    others = asyncio.all_tasks() - {asyncio.current_task()}
+    for task in others:
+        task.cancel()
+    await asyncio.gather(*others, return_exceptions=True)
+
+
+async def resolved(future: concurrent.futures.Future[T]) -> T:
+    """Await a future of another loop, bounded."""
+    return await asyncio.wait_for(asyncio.wrap_future(future), WAIT)
