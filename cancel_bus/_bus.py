@@ -21,6 +21,7 @@ from types import TracebackType
 from typing import Any
 
 from redis.asyncio import Redis
+from redis.asyncio.cluster import RedisCluster
 
 from ._errors import (
     BusClosed,
@@ -44,7 +45,7 @@ from ._messages import (
     parse_message,
 )
 from ._outbox import Outbox
-from ._redis import create_client
+from ._redis import connect
 from ._run import RunHandle, RunScope, RunSpec
 from ._store import RunStore, StatusFilter
 from ._sync import RunSync
@@ -87,8 +88,6 @@ class CancelBus:
         sweep_interval: float = 2.0,
         signing_key: str | bytes | None = None,
         max_output_chars: int = 1_000_000,
-        redis: Redis | None = None,
-        sharded_pubsub: bool = False,
         version: str = VERSION,
     ) -> None:
         self.keys = KeySpace(namespace)
@@ -100,14 +99,13 @@ class CancelBus:
         _require(max_output_chars >= 0, "max_output_chars must not be negative")
         self._fixed_node_id = node_id is not None
         self._node_id = node_id or _new_node_id()
-        self._owns_client = redis is None
-        self._redis = redis or create_client(url, client_name=f"cancel-bus.{self._node_id}")
-        self._sharded = sharded_pubsub
+        self._topology = connect(url, client_name=f"cancel-bus.{self._node_id}")
+        self._redis = self._topology.client
         self._store = RunStore(
             self._redis,
             self.keys,
             retention=retention,
-            pub_command="SPUBLISH" if sharded_pubsub else "PUBLISH",
+            pub_command="SPUBLISH" if self._topology.cluster else "PUBLISH",
         )
         key = signing_key.encode() if isinstance(signing_key, str) else signing_key
         self._signer = MessageSigner(namespace, key, self.clock)
@@ -152,7 +150,7 @@ class CancelBus:
         return self._lease.lease_ttl
 
     @property
-    def redis(self) -> Redis:
+    def redis(self) -> Redis | RedisCluster:
         return self._redis
 
     @property
@@ -431,7 +429,7 @@ class CancelBus:
 
     async def list_nodes(self) -> list[NodeInfo]:
         self._require_open()
-        return await self._store.list_nodes()
+        return await self._store.list_nodes(self.clock())
 
     async def events(self, run_id: str) -> list[RunEvent]:
         """The run's lifecycle events, oldest first (empty once retention has passed)."""
@@ -820,10 +818,11 @@ class CancelBus:
             self._listener_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._listener_task
+        channel = self.keys.channel(self._node_id)
         self._listener = Listener(
-            self._redis,
-            self.keys.channel(self._node_id),
-            sharded=self._sharded,
+            lambda: self._topology.subscriber(channel),
+            channel,
+            sharded=self._topology.cluster,
             on_message=self._on_message,
             on_subscribed=self._on_subscribed,
             ping_interval=min(5.0, self._lease.interval),
@@ -843,9 +842,8 @@ class CancelBus:
         self._listener_task = None
 
     async def _close_client(self) -> None:
-        if self._owns_client:
-            with contextlib.suppress(Exception):
-                await self._redis.aclose()
+        with contextlib.suppress(Exception):
+            await self._topology.aclose()
 
     def _require_open(self, accepting: bool = False) -> None:
         if self._state == "running" or (self._state == "draining" and not accepting):

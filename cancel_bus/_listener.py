@@ -1,8 +1,8 @@
 """The node's pub/sub loop: one subscription to its own channel, a sweep after every (re)subscribe.
 
-redis-py re-subscribes after a reconnect but replays nothing, so each subscribe confirmation
-(the first and every later one) triggers a sweep of the stored state. A connection that stops
-answering our pings is dropped and re-made: a silently dead subscriber must not look healthy.
+Pub/sub replays nothing after a reconnect, so each subscribe confirmation (the first and every
+later one) triggers a sweep of the stored state. A connection that stops answering our pings is
+dropped and re-made: a silently dead subscriber must not look healthy.
 """
 
 from __future__ import annotations
@@ -11,17 +11,19 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
+from ._errors import CancelBusError
 from ._redis import is_closed_transport
 
 log = logging.getLogger("cancel_bus")
 
 _SUBSCRIBED = frozenset({"subscribe", "ssubscribe"})
+_UNSUBSCRIBED = frozenset({"unsubscribe", "sunsubscribe"})
 _MESSAGES = frozenset({"message", "smessage"})
 _PING = "cancel-bus-ping"
 
@@ -29,7 +31,7 @@ _PING = "cancel-bus-ping"
 class Listener:
     def __init__(
         self,
-        redis: Redis,
+        subscriber: Callable[[], Awaitable[tuple[Redis, bool]]],
         channel: str,
         *,
         sharded: bool,
@@ -37,7 +39,7 @@ class Listener:
         on_subscribed: Callable[[], Coroutine[Any, Any, None]],
         ping_interval: float,
     ) -> None:
-        self._redis = redis
+        self._subscriber = subscriber
         self._channel = channel
         self._sharded = sharded
         self._on_message = on_message
@@ -52,36 +54,46 @@ class Listener:
         await asyncio.wait_for(self._subscribed.wait(), timeout)
 
     async def run_forever(self) -> None:
-        pubsub = self._redis.pubsub()
+        """Subscribe, listen until the subscription breaks, start again: a fresh connection
+        each time (on a cluster, to whichever primary serves the channel's slot now)."""
         backoff = 0.05
         try:
             while True:
                 try:
-                    await self._listen(pubsub)
+                    await self._subscription()
                 except Exception as exc:  # the listener must outlive any failure
-                    if not isinstance(exc, RedisError | OSError) and not is_closed_transport(exc):
+                    known = isinstance(exc, RedisError | OSError | CancelBusError)
+                    if not known and not is_closed_transport(exc):
                         log.exception("cancel-bus: unexpected error in the subscriber loop")
                     elif self.connected:
                         log.warning("cancel-bus: subscriber connection lost: %s", exc)
-                    self.connected = False
-                    self.reconnects += 1
-                    await _drop_connection(pubsub)
-                    await asyncio.sleep(backoff)
-                    backoff = min(backoff * 2, 2.0)
-                else:
-                    backoff = 0.05
+                # a subscription that worked is retried at once; failing attempts back off
+                backoff = 0.05 if self.connected else min(backoff * 2, 2.0)
+                self.connected = False
+                self.reconnects += 1
+                await asyncio.sleep(backoff)
         finally:
             for sweep in self._sweeps:
                 sweep.cancel()
             self.connected = False
-            await pubsub.aclose()  # type: ignore[no-untyped-call]
 
-    async def _listen(self, pubsub: Any) -> None:
-        if not pubsub.subscribed:
+    async def _subscription(self) -> None:
+        client, dedicated = await self._subscriber()
+        pubsub = client.pubsub()
+        try:
             if self._sharded:
                 await pubsub.ssubscribe(self._channel)
             else:
                 await pubsub.subscribe(self._channel)
+            await self._listen(pubsub)
+        finally:
+            with contextlib.suppress(Exception):
+                await pubsub.aclose()  # type: ignore[no-untyped-call]
+            if dedicated:
+                with contextlib.suppress(Exception):
+                    await client.aclose()
+
+    async def _listen(self, pubsub: Any) -> None:
         last_pong = time.monotonic()
         last_ping = 0.0
         while True:
@@ -96,6 +108,8 @@ class Listener:
                     self.connected = True
                     self._subscribed.set()
                     self._sweep()
+                elif kind in _UNSUBSCRIBED:  # the server dropped us (the slot moved)
+                    raise RedisError("the subscription was dropped by the server")
                 last_pong = now
             if now - last_pong > 2 * self._ping_interval:
                 raise RedisError("no answer to ping on the subscriber connection")
@@ -113,11 +127,3 @@ class Listener:
         task: asyncio.Task[None] = asyncio.create_task(self._on_subscribed())
         self._sweeps.add(task)
         task.add_done_callback(self._sweeps.discard)
-
-
-async def _drop_connection(pubsub: Any) -> None:
-    """Close the socket so the next read reconnects (and re-subscribes)."""
-    connection = pubsub.connection
-    if connection is not None:
-        with contextlib.suppress(Exception):
-            await connection.disconnect()

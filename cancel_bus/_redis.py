@@ -1,59 +1,138 @@
-"""The Redis client factory, its retry policy, and the one place redis errors are translated."""
+"""Connecting to Redis (a server, a Sentinel group or a Cluster), the retry policy, and the one
+place redis errors are translated.
+
+URLs: ``redis://`` / ``rediss://`` (one server), ``redis+sentinel://[user:pass@]host:port,
+host:port/<service>/<db>`` (commands and subscriptions follow the current primary; sentinel
+credentials as ``?sentinel_username=&sentinel_password=``), ``redis+cluster://[user:pass@]
+host:port,host:port`` (sharded pub/sub). A ``rediss+`` scheme uses TLS; other query parameters
+are redis-py connection options (e.g. ``ssl_ca_certs``).
+"""
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
+from urllib.parse import parse_qsl, unquote, urlsplit
 
-from redis.asyncio import Redis
+from redis.asyncio import ConnectionPool, Redis
+from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.retry import Retry
+from redis.asyncio.sentinel import Sentinel
 from redis.backoff import ExponentialWithJitterBackoff
 from redis.exceptions import (
     AuthenticationError,
     BusyLoadingError,
+    ClusterDownError,
+    ClusterError,
     NoPermissionError,
     ReadOnlyError,
     RedisError,
     ResponseError,
+    SlotNotCoveredError,
+    TryAgainError,
 )
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from ._errors import BusUnavailable, CancelBusError
+from ._errors import BusUnavailable, CancelBusError, InvalidArgument
 
-RETRYABLE: tuple[type[RedisError], ...] = (
+RETRYABLE: tuple[type[Exception], ...] = (
     RedisConnectionError,
     RedisTimeoutError,
     BusyLoadingError,
     ReadOnlyError,
+    TryAgainError,
+    ClusterDownError,
+    SlotNotCoveredError,
 )
+_REDIS_RETRY = tuple(e for e in RETRYABLE if issubclass(e, RedisError))
+_SENTINEL_OPTIONS = ("sentinel_username", "sentinel_password")
 
 
-def create_client(
+@dataclass(frozen=True, slots=True)
+class Topology:
+    """The command client, and how to get a client for subscribing to a channel."""
+
+    client: Redis | RedisCluster
+    cluster: bool
+
+    async def subscriber(self, channel: str) -> tuple[Redis, bool]:
+        """A client to (s)subscribe ``channel`` with, and whether it is a dedicated one (to close
+        after use). On a cluster: the primary serving the channel's slot, looked up afresh."""
+        if not isinstance(self.client, RedisCluster):
+            return self.client, False
+        with translated("find the channel's shard"):
+            await self.client.initialize()
+            node: ClusterNode | None = self.client.get_node_from_key(channel)
+        if node is None:
+            raise BusUnavailable(f"no cluster node serves {channel}")
+        pool = ConnectionPool(connection_class=node.connection_class, **node.connection_kwargs)
+        return Redis.from_pool(pool), True
+
+    async def aclose(self) -> None:
+        await self.client.aclose()
+
+
+def connect(
     url: str,
     *,
     client_name: str,
     retries: int = 3,
     socket_timeout: float = 5.0,
     max_connections: int = 64,
-    **extra: Any,
-) -> Redis:
-    """A client with an explicit retry policy (jittered exponential backoff, bounded attempts),
+) -> Topology:
+    """Clients with an explicit retry policy (jittered exponential backoff, bounded attempts),
     health checks and keepalive, answering ``str``."""
-    return Redis.from_url(
-        url,
-        decode_responses=True,
-        client_name=client_name,
-        retry=Retry(ExponentialWithJitterBackoff(cap=0.5, base=0.02), retries, RETRYABLE),
-        retry_on_error=list(RETRYABLE),
-        socket_timeout=socket_timeout,
-        socket_connect_timeout=min(socket_timeout, 2.0),
-        socket_keepalive=True,
-        health_check_interval=30,
-        max_connections=max_connections,
-        **extra,
-    )
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
+    options: dict[str, Any] = {
+        "decode_responses": True,
+        "client_name": client_name,
+        "retry": Retry(ExponentialWithJitterBackoff(cap=0.5, base=0.02), retries, _REDIS_RETRY),
+        "retry_on_error": list(RETRYABLE),
+        "socket_timeout": socket_timeout,
+        "socket_connect_timeout": min(socket_timeout, 2.0),
+        "socket_keepalive": True,
+        "health_check_interval": 30,
+        "max_connections": max_connections,
+    }
+    if scheme in ("redis", "rediss", "unix"):
+        return Topology(Redis.from_url(url, **options), cluster=False)
+    base, _, kind = scheme.partition("+")
+    if base not in ("redis", "rediss") or kind not in ("sentinel", "cluster"):
+        raise InvalidArgument(f"unsupported Redis URL scheme {parts.scheme!r}")
+    hosts = _hosts(parts.netloc.rpartition("@")[2])
+    query = dict(parse_qsl(parts.query))
+    options.update(query)
+    options["ssl"] = base == "rediss"
+    if parts.username:
+        options["username"] = unquote(parts.username)
+    if parts.password:
+        options["password"] = unquote(parts.password)
+    if kind == "cluster":
+        options.pop("health_check_interval")  # PubSub-style pings do not apply to a cluster
+        nodes = [ClusterNode(host, port) for host, port in hosts]
+        return Topology(RedisCluster(startup_nodes=nodes, **options), cluster=True)
+    path = [segment for segment in parts.path.split("/") if segment]
+    if not path:
+        raise InvalidArgument("a redis+sentinel URL needs the service name: .../<service>/<db>")
+    options["db"] = int(path[1]) if len(path) > 1 else 0
+    sentinel_options = {key[9:]: options.pop(key) for key in _SENTINEL_OPTIONS if key in options}
+    sentinel_options.update(socket_timeout=options["socket_timeout"], ssl=options["ssl"])
+    sentinel = Sentinel(hosts, sentinel_kwargs=sentinel_options, **options)  # type: ignore[no-untyped-call]
+    return Topology(sentinel.master_for(path[0], redis_class=Redis), cluster=False)
+
+
+def _hosts(netloc: str) -> list[tuple[str, int]]:
+    hosts = []
+    for item in netloc.split(","):
+        host, _, port = item.rpartition(":")
+        if not host or not port.isdigit():
+            raise InvalidArgument(f"a host:port list is expected, got {item!r}")
+        hosts.append((host.strip("[]"), int(port)))
+    return hosts
 
 
 @contextlib.contextmanager
@@ -67,7 +146,7 @@ def translated(action: str) -> Iterator[None]:
         raise BusUnavailable(f"{action}: Redis refused access ({exc})") from exc
     except ResponseError as exc:
         raise CancelBusError(f"{action}: Redis error: {exc}") from exc
-    except RedisError as exc:
+    except (ClusterError, RedisError) as exc:
         raise BusUnavailable(f"{action}: {type(exc).__name__}: {exc}") from exc
     except OSError as exc:
         raise BusUnavailable(f"{action}: {exc}") from exc

@@ -410,29 +410,33 @@ finalize(run_id, status, end_reason, fields, retention_ms, pub, auth)
 return {'ok', status, end_reason}
 """)
 
-# KEYS[1] run hash
-# ARGV[1] run_id, ARGV[2] node_id, ARGV[3] epoch, ARGV[4] phase ('' = unchanged),
-# ARGV[5] delivered_at ('' = none; the owner's estimate of the server clock),
-# ARGV[6] relay entries: json list of [type, at, data_json]
-# -> 1 if applied, 0 if the run is no longer this incarnation's active run
-SYNC_RUN = _script("""
-local rk = KEYS[1]
-local run_id, node_id, epoch, phase = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
-local delivered_at, entries = ARGV[5], ARGV[6]
-local cur = redis.call('HMGET', rk, 'status', 'owner', 'epoch', 'cancel_requested_at',
-  'cancel_delivered_at')
-if not ACTIVE[cur[1]] or cur[2] ~= node_id or cur[3] ~= epoch then return 0 end
+# KEYS[1] nodes zset (any key of the namespace: it only routes the call)
+# ARGV[1] node_id, ARGV[2] epoch, ARGV[3] json list of runs:
+#   [run_id, phase ('' = unchanged), delivered_at ('' = none; the owner's estimate of the
+#    server clock), [[type, at, data_json], ...] relay entries]
+# -> how many runs were updated (a run no longer this incarnation's active run is skipped)
+SYNC_RUNS = _script("""
+local nodes = KEYS[1]
+local node_id, epoch, items = ARGV[1], ARGV[2], cjson.decode(ARGV[3])
 if not node_alive(node_id, epoch) then return 0 end
-if phase ~= '' then redis.call('HSET', rk, 'phase', phase) end
-if delivered_at ~= '' and cur[4] and not cur[5] then
-  local at = math.min(math.max(tonumber(delivered_at), tonumber(cur[4])), NOW_S)
-  redis.call('HSET', rk, 'cancel_delivered_at', fmt(at))
-  add_event(run_id, 'run.cancel_delivered', {node = node_id})
+local updated = 0
+for _, item in ipairs(items) do
+  local run_id, phase, delivered_at, entries = item[1], item[2], item[3], item[4]
+  local rk = P .. 'run:' .. run_id
+  local cur = redis.call('HMGET', rk, 'status', 'owner', 'epoch', 'cancel_requested_at',
+    'cancel_delivered_at')
+  if ACTIVE[cur[1]] and cur[2] == node_id and cur[3] == epoch then
+    if phase ~= '' then redis.call('HSET', rk, 'phase', phase) end
+    if delivered_at ~= '' and cur[4] and not cur[5] then
+      local at = math.min(math.max(tonumber(delivered_at), tonumber(cur[4])), NOW_S)
+      redis.call('HSET', rk, 'cancel_delivered_at', fmt(at))
+      add_event(run_id, 'run.cancel_delivered', {node = node_id})
+    end
+    for _, e in ipairs(entries) do relay_add(run_id, e[1], e[2], e[3]) end
+    updated = updated + 1
+  end
 end
-if entries ~= '[]' then
-  for _, e in ipairs(cjson.decode(entries)) do relay_add(run_id, e[1], e[2], e[3]) end
-end
-return 1
+return updated
 """)
 
 # KEYS[1] run hash
@@ -511,7 +515,7 @@ ALL_SCRIPTS = {
     "enqueue_run": ENQUEUE_RUN,
     "request_cancel": REQUEST_CANCEL,
     "finish_run": FINISH_RUN,
-    "sync_run": SYNC_RUN,
+    "sync_runs": SYNC_RUNS,
     "set_waiting": SET_WAITING,
     "add_waiter": ADD_WAITER,
     "reassert_run": REASSERT_RUN,

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, cast
 
 from redis.asyncio import Redis
+from redis.asyncio.cluster import RedisCluster
 from redis.commands.core import AsyncScript
 
 from ._keys import KeySpace
@@ -47,7 +48,9 @@ class SyncItem:
 
 
 class RunStore:
-    def __init__(self, redis: Redis, keys: KeySpace, *, retention: float, pub_command: str) -> None:
+    def __init__(
+        self, redis: Redis | RedisCluster, keys: KeySpace, *, retention: float, pub_command: str
+    ) -> None:
         self.redis = redis
         self.keys = keys
         self.retention_ms = str(int(retention * 1000))
@@ -227,24 +230,13 @@ class RunStore:
         )
         return reply[0], reply[1], reply[2] if len(reply) > 2 else ""
 
-    async def sync_runs(self, node_id: str, epoch: str, items: Sequence[SyncItem]) -> None:
-        script = self._scripts["sync_run"]
-        with translated("sync_run"):
-            async with self.redis.pipeline(transaction=False) as pipe:
-                for item in items:
-                    await script(
-                        keys=[self.keys.run(item.run_id)],
-                        args=[
-                            item.run_id,
-                            node_id,
-                            epoch,
-                            item.phase,
-                            item.delivered_at,
-                            json.dumps(item.relay_entries),
-                        ],
-                        client=pipe,
-                    )
-                await pipe.execute()
+    async def sync_runs(self, node_id: str, epoch: str, items: Sequence[SyncItem]) -> int:
+        """Write the updates of many runs in one script call; -> how many runs took them."""
+        batch = [[i.run_id, i.phase, i.delivered_at, i.relay_entries] for i in items]
+        updated = await self._eval(
+            "sync_runs", [self.keys.nodes], [node_id, epoch, json.dumps(batch)]
+        )
+        return int(updated)
 
     async def set_waiting(
         self, run_id: str, node_id: str, epoch: str, target: RunStatus
@@ -330,19 +322,18 @@ class RunStore:
         ids = await self.redis.zrange(index, offset, offset + _LIST_PAGE - 1, desc=True)
         return cast(list[str], ids)
 
-    async def list_nodes(self) -> list[NodeInfo]:
+    async def list_nodes(self, now: float) -> list[NodeInfo]:
+        """The nodes holding a lease; ``now`` (server clock) tells which leases have expired."""
         with translated("list_nodes"):
             entries = cast(
                 list[tuple[str, float]],
                 await self.redis.zrange(self.keys.nodes, 0, -1, withscores=True),
             )
-            now_s, now_us = await self.redis.time()
             async with self.redis.pipeline(transaction=False) as pipe:
                 for node_id, _ in entries:
                     pipe.hgetall(self.keys.node(node_id))
                     pipe.scard(self.keys.node_runs(node_id))
                 rows = await pipe.execute()
-        now = now_s + now_us / 1e6
         nodes = []
         for (node_id, expires), fields, runs in zip(entries, rows[::2], rows[1::2], strict=True):
             if not fields:
@@ -374,12 +365,13 @@ class RunStore:
         return {run_id: CancelMode(mode) for run_id, mode in pending.items()}
 
     async def relay_position(self, run_id: str) -> tuple[RunInfo | None, str]:
-        """The run and the id of the last relayed entry, read atomically ('0' if none)."""
+        """The id of the last relayed entry ('0' if none), then the run. In that order, an end
+        that comes in between is an entry after the position, so a follower still sees it."""
         with translated("relay_position"):
-            async with self.redis.pipeline(transaction=True) as pipe:
-                pipe.hgetall(self.keys.run(run_id))
+            async with self.redis.pipeline(transaction=False) as pipe:
                 pipe.xrevrange(self.keys.relay(run_id), count=1)
-                fields, last = await pipe.execute()
+                pipe.hgetall(self.keys.run(run_id))
+                last, fields = await pipe.execute()
         return (RunInfo.from_redis(fields) if fields else None), (last[0][0] if last else "0")
 
     async def read_relay(

@@ -73,7 +73,7 @@ async def start_run_streaming(
 async def follow_run(run_id: IdPath, node: Node, principal: CurrentPrincipal) -> StreamingResponse:
     """Follow a run's events from now on, whichever node runs it."""
     run = await _visible_run(node, principal, run_id)
-    stream = sse.run_stream(node.bus, run, from_start=False)
+    stream = sse.run_stream(node.bus, run, from_start=False, closing=node.drain_started)
     return StreamingResponse(stream, media_type="text/event-stream", headers=sse.HEADERS)
 
 

@@ -27,7 +27,7 @@ class NodeService:
         self._embedded_lock: IO[str] | None = None
         self._bus: CancelBus | None = None
         self._tasks: set[asyncio.Task[None]] = set()
-        self.draining = False
+        self.drain_started = asyncio.Event()  # ends the node's open streams
 
     @property
     def bus(self) -> CancelBus:
@@ -36,7 +36,7 @@ class NodeService:
 
     async def start(self) -> None:
         s = self.settings
-        url = s.redis_url or self._start_embedded()
+        url = s.redis_connection_url() or self._start_embedded()
         self._bus = CancelBus(
             url,
             namespace=s.namespace,
@@ -48,12 +48,16 @@ class NodeService:
         await self._bus.start()
         self.metrics.watch(self._bus)
 
+    @property
+    def draining(self) -> bool:
+        return self.drain_started.is_set()
+
     async def drain(self) -> None:
         """Readiness fails, runs get ``drain_timeout`` to end, the rest are cancelled
-        (``node_shutdown``) and recorded; then the node leaves the cluster."""
+        (``node_shutdown``) and recorded, open streams end; then the node leaves the cluster."""
         if self.draining:
             return
-        self.draining = True
+        self.drain_started.set()
         if self._bus is not None:
             log.info("draining: %d run(s) active", len(self._bus.local_runs()))
             await self._bus.close(drain_timeout=self.settings.drain_timeout)

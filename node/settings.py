@@ -6,6 +6,7 @@ import json
 import os
 from pathlib import Path
 from typing import Literal
+from urllib.parse import quote, urlsplit, urlunsplit
 
 from pydantic import BaseModel, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -36,6 +37,8 @@ class Settings(BaseSettings):
     redis_url: str | None = Field(
         default=None, description="Redis URL; empty starts an embedded server"
     )
+    redis_username: str | None = None
+    redis_password: SecretStr | None = None
     namespace: str = Field(default="cancel-bus", pattern=ID_PATTERN, max_length=200)
     node_id: str | None = Field(default=None, pattern=ID_PATTERN, max_length=200)
     lease_ttl: float = Field(default=10.0, ge=0.3, le=3600)
@@ -53,7 +56,15 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(default=64 * 1024, ge=1024, le=16 * 1024 * 1024)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 
-    @field_validator("redis_url", "api_tokens", "api_tokens_file", "signing_key", mode="before")
+    @field_validator(
+        "redis_url",
+        "redis_username",
+        "redis_password",
+        "api_tokens",
+        "api_tokens_file",
+        "signing_key",
+        mode="before",
+    )
     @classmethod
     def _empty_is_none(cls, value: object) -> object:
         return None if value == "" else value
@@ -71,6 +82,18 @@ class Settings(BaseSettings):
                 raise ValueError(f"{ENV_PREFIX}API_TOKENS: every token needs 16+ characters")
             tokens[token] = TokenGrant.model_validate(grant)
         return tokens
+
+    def redis_connection_url(self) -> str | None:
+        """``redis_url`` with ``redis_username``/``redis_password`` put in (URL-encoded), so a
+        secret can come from its own variable whatever characters it holds."""
+        if self.redis_url is None or (self.redis_username is None and self.redis_password is None):
+            return self.redis_url
+        parts = urlsplit(self.redis_url)
+        user = quote(self.redis_username or parts.username or "", safe="")
+        password = self.redis_password.get_secret_value() if self.redis_password else ""
+        userinfo = user + (":" + quote(password, safe="") if password else "")
+        netloc = f"{userinfo}@{parts.netloc.rpartition('@')[2]}"
+        return urlunsplit(parts._replace(netloc=netloc))
 
     @property
     def auth_enabled(self) -> bool:

@@ -102,3 +102,30 @@ def test_readiness_fails_while_redis_is_unreachable(tmp_path: Path) -> None:
         server.resume()
         cluster.stop()
         server.cleanup()
+
+
+def test_a_drain_ends_the_streams_of_runs_owned_elsewhere(
+    redis_server: EmbeddedServer, tmp_path: Path
+) -> None:
+    cluster = Cluster(redis_server.url, 2, tmp_path, drain_timeout="30").start()
+    try:
+        owner, leaving = cluster.nodes
+        run = _start(owner, tokens=100_000, token_interval_ms=20)
+        events = []
+        with (
+            leaving.client() as client,
+            client.stream("GET", f"/v1/runs/{run['run_id']}/stream") as response,
+        ):
+            for line in response.iter_lines():
+                if line.startswith("event: "):
+                    events.append(line[7:])
+                    if events.count("output") == 2:
+                        leaving.signal(signal.SIGTERM)
+        t0 = time.monotonic()
+        assert events[-1] == "node.draining"
+        assert leaving.wait_exit(15) is not None
+        assert time.monotonic() - t0 < 10  # not held by the stream
+        with owner.client() as client:
+            assert client.get(f"/v1/runs/{run['run_id']}").json()["status"] == "running"
+    finally:
+        cluster.stop()

@@ -120,3 +120,19 @@ async def test_bad_arguments_on_a_live_bus_leave_redis_untouched(
         with pytest.raises(InvalidArgument):
             bus.run(**scope_options)  # type: ignore[arg-type]
     assert await bus.redis.dbsize() == before
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://127.0.0.1:1",
+        "redis+foo://h:1",
+        "redis+sentinel://h:1",
+        "redis+cluster://h",
+        "redis+sentinel://:1/m/0",
+        "redis+cluster://h:x",
+    ],
+)
+def test_bad_redis_urls_are_rejected_clearly(url: str) -> None:
+    with pytest.raises(InvalidArgument):
+        CancelBus(url, namespace="n")

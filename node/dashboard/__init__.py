@@ -41,7 +41,7 @@ async def _snapshots(
     request: Request, node: NodeService, principal: Principal
 ) -> AsyncIterator[bytes]:
     user = None if principal.is_ops else principal.user_id
-    while not await request.is_disconnected():
+    while not node.draining and not await request.is_disconnected():
         try:
             runs = await node.bus.list_runs("active", user_id=user, limit=500)
             nodes = await node.bus.list_nodes() if principal.is_ops else []

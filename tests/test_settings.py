@@ -1,0 +1,36 @@
+"""Node settings from the environment (pure logic)."""
+
+from __future__ import annotations
+
+import pytest
+
+from node.settings import Settings
+
+
+def test_redis_credentials_from_their_own_variables_are_url_encoded(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("CANCEL_BUS_REDIS_URL", "redis+sentinel://old:pw@s1:26379,s2:26379/m/0")
+    monkeypatch.setenv("CANCEL_BUS_REDIS_USERNAME", "app")
+    monkeypatch.setenv("CANCEL_BUS_REDIS_PASSWORD", "p@ss:w/rd%")
+    url = Settings().redis_connection_url()
+    assert url == "redis+sentinel://app:p%40ss%3Aw%2Frd%25@s1:26379,s2:26379/m/0"
+
+
+def test_without_separate_credentials_the_url_is_used_as_is(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("CANCEL_BUS_REDIS_URL", "rediss://u:p@host:6380/2?ssl_ca_certs=/ca.pem")
+    monkeypatch.delenv("CANCEL_BUS_REDIS_USERNAME", raising=False)
+    monkeypatch.delenv("CANCEL_BUS_REDIS_PASSWORD", raising=False)
+    assert Settings().redis_connection_url() == "rediss://u:p@host:6380/2?ssl_ca_certs=/ca.pem"
+
+
+def test_bad_settings_name_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CANCEL_BUS_LEASE_TTL", "0")
+    with pytest.raises(ValueError, match="lease_ttl"):
+        Settings()
+    monkeypatch.setenv("CANCEL_BUS_LEASE_TTL", "10")
+    monkeypatch.setenv("CANCEL_BUS_API_TOKENS", '{"short": {"role": "ops"}}')
+    with pytest.raises(ValueError, match="16"):
+        Settings().tokens()
