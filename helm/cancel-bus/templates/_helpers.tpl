@@ -1,0 +1,238 @@
+{{/* Names and labels, as `helm create` makes them. */}}
+{{- define "cancel-bus.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "cancel-bus.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "cancel-bus.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "cancel-bus.commonLabels" -}}
+helm.sh/chart: {{ include "cancel-bus.chart" . }}
+{{- if .Chart.AppVersion }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+{{- end }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end }}
+
+{{- define "cancel-bus.labels" -}}
+{{ include "cancel-bus.commonLabels" . }}
+{{ include "cancel-bus.selectorLabels" . }}
+{{- end }}
+
+{{- define "cancel-bus.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "cancel-bus.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: node
+{{- end }}
+
+{{/* The in-chart Redis (not for production) has its own component label. */}}
+{{- define "cancel-bus.redisLabels" -}}
+{{ include "cancel-bus.commonLabels" . }}
+{{ include "cancel-bus.redisSelectorLabels" . }}
+{{- end }}
+
+{{- define "cancel-bus.redisSelectorLabels" -}}
+app.kubernetes.io/name: {{ include "cancel-bus.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: redis
+{{- end }}
+
+{{- define "cancel-bus.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "cancel-bus.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/* Pods carrying this label may reach the nodes' HTTP port through the NetworkPolicy. */}}
+{{- define "cancel-bus.clientLabel" -}}
+cancel-bus.io/client-of: {{ include "cancel-bus.fullname" . }}
+{{- end }}
+
+{{- define "cancel-bus.image" -}}
+{{- if .Values.image.digest }}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- else }}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+{{- end }}
+
+{{/* The chart's Secret (tokens, signing key, Redis password) exists unless all come from elsewhere. */}}
+{{- define "cancel-bus.secretName" -}}
+{{- include "cancel-bus.fullname" . }}
+{{- end }}
+
+{{- define "cancel-bus.ownsTokens" -}}
+{{- if not .Values.auth.existingSecret }}true{{ end }}
+{{- end }}
+
+{{- define "cancel-bus.ownsSigningKey" -}}
+{{- if and .Values.signingKey.enabled (not .Values.signingKey.existingSecret) }}true{{ end }}
+{{- end }}
+
+{{- define "cancel-bus.ownsRedisPassword" -}}
+{{- if .Values.redis.inChart.enabled }}true
+{{- else if and (not .Values.redis.urlFromSecret.name) (not .Values.redis.auth.existingSecret) .Values.redis.auth.password }}true
+{{- end }}
+{{- end }}
+
+{{- define "cancel-bus.needsSecret" -}}
+{{- if or (include "cancel-bus.ownsTokens" .) (include "cancel-bus.ownsSigningKey" .) (include "cancel-bus.ownsRedisPassword" .) }}true{{ end }}
+{{- end }}
+
+{{/*
+A value kept across upgrades: the one in the live Secret if there is one (`lookup`; empty under
+`helm template`, so GitOps renderers should use existing Secrets), else a new random one.
+*/}}
+{{- define "cancel-bus.keep" -}}
+{{- $ctx := index . 0 }}{{ $key := index . 1 }}{{ $length := index . 2 }}
+{{- $live := lookup "v1" "Secret" $ctx.Release.Namespace (include "cancel-bus.secretName" $ctx) }}
+{{- if and $live $live.data (hasKey $live.data $key) }}
+{{- index $live.data $key | b64dec }}
+{{- else }}
+{{- randAlphaNum $length }}
+{{- end }}
+{{- end }}
+
+{{/*
+Shutdown budget, in seconds: the preStop sleep, then the drain (CANCEL_BUS_DRAIN_TIMEOUT), then
+uvicorn's graceful shutdown of the connections still open (the app sets it to drain + 5).
+terminationGracePeriodSeconds must exceed it, or the kubelet SIGKILLs a node mid-drain.
+*/}}
+{{- define "cancel-bus.shutdownBudget" -}}
+{{- $drain := .Values.config.drainTimeout | float64 | ceil | int }}
+{{- add (int .Values.preStopSleepSeconds) $drain $drain 5 }}
+{{- end }}
+
+{{- define "cancel-bus.terminationGracePeriodSeconds" -}}
+{{- $budget := include "cancel-bus.shutdownBudget" . | int }}
+{{- if kindIs "invalid" .Values.terminationGracePeriodSeconds }}
+{{- add $budget 10 }}
+{{- else if le (int .Values.terminationGracePeriodSeconds) $budget }}
+{{- fail (printf "terminationGracePeriodSeconds (%v) must exceed preStopSleepSeconds + drainTimeout + (drainTimeout + 5) = %d, or the kubelet kills nodes mid-drain" .Values.terminationGracePeriodSeconds $budget) }}
+{{- else }}
+{{- .Values.terminationGracePeriodSeconds | int }}
+{{- end }}
+{{- end }}
+
+{{/* Checks across values that the JSON schema cannot express. */}}
+{{- define "cancel-bus.validate" -}}
+{{- $startup := mul (int .Values.probes.startup.periodSeconds) (int .Values.probes.startup.failureThreshold) }}
+{{- $needed := add (.Values.config.leaseTtl | float64 | ceil | int) 10 }}
+{{- if lt (int $startup) (int $needed) }}
+{{- fail (printf "probes.startup.periodSeconds x failureThreshold (%d s) must be at least config.leaseTtl + 10 (%d s): a restarted container waits out its previous lease" $startup $needed) }}
+{{- end }}
+{{- if and .Values.autoscaling.enabled (lt (int .Values.autoscaling.maxReplicas) (int .Values.autoscaling.minReplicas)) }}
+{{- fail "autoscaling.maxReplicas must be at least autoscaling.minReplicas" }}
+{{- end }}
+{{- if and .Values.metrics.serviceMonitor.enabled .Values.config.metricsRequireToken (not .Values.metrics.serviceMonitor.tokenSecret.name) (not (and (include "cancel-bus.ownsTokens" .) .Values.auth.generateOpsToken)) }}
+{{- fail "config.metricsRequireToken with a ServiceMonitor needs an ops token: set metrics.serviceMonitor.tokenSecret.name or keep auth.generateOpsToken" }}
+{{- end }}
+{{- if and (include "cancel-bus.ownsTokens" .) (not .Values.auth.tokens) (not .Values.auth.generateOpsToken) }}
+{{- fail "no API tokens: set auth.tokens, auth.existingSecret or auth.generateOpsToken (a node without tokens listens on 127.0.0.1 only)" }}
+{{- end }}
+{{- end }}
+
+{{/* host:port list -> the ports, for the NetworkPolicy. */}}
+{{- define "cancel-bus.redisPorts" -}}
+{{- $ports := list }}
+{{- if .Values.networkPolicy.redisPorts }}
+{{- $ports = .Values.networkPolicy.redisPorts }}
+{{- else if .Values.redis.inChart.enabled }}
+{{- $ports = list 6379 }}
+{{- else if eq .Values.redis.mode "sentinel" }}
+{{- range .Values.redis.sentinel.addresses }}{{ $ports = append $ports (splitList ":" . | last | int) }}{{ end }}
+{{- $ports = append $ports 6379 }}
+{{- else if eq .Values.redis.mode "cluster" }}
+{{- range .Values.redis.cluster.addresses }}{{ $ports = append $ports (splitList ":" . | last | int) }}{{ end }}
+{{- else if .Values.redis.urlFromSecret.name }}
+{{- $ports = list 6379 }}
+{{- else }}
+{{- $host := (urlParse .Values.redis.url).host }}
+{{- $ports = list (ternary (splitList ":" $host | last | int) 6379 (contains ":" $host)) }}
+{{- end }}
+{{- toJson ($ports | uniq) }}
+{{- end }}
+
+{{/* Where the Redis TLS Secret is mounted. */}}
+{{- define "cancel-bus.redisTlsDir" -}}/etc/cancel-bus/redis-tls{{- end }}
+
+{{/* The query string carrying the TLS options (redis-py connection arguments). */}}
+{{- define "cancel-bus.redisQuery" -}}
+{{- $params := list }}
+{{- with .Values.redis.tls }}
+{{- if .enabled }}
+{{- $dir := include "cancel-bus.redisTlsDir" $ }}
+{{- if and .existingSecret .caKey }}{{ $params = append $params (printf "ssl_ca_certs=%s/%s" $dir .caKey) }}{{ end }}
+{{- if and .existingSecret .certKey }}{{ $params = append $params (printf "ssl_certfile=%s/%s" $dir .certKey) }}{{ end }}
+{{- if and .existingSecret .keyKey }}{{ $params = append $params (printf "ssl_keyfile=%s/%s" $dir .keyKey) }}{{ end }}
+{{- $params = append $params (printf "ssl_cert_reqs=%s" .certReqs) }}
+{{- if not .checkHostname }}{{ $params = append $params "ssl_check_hostname=false" }}{{ end }}
+{{- end }}
+{{- end }}
+{{- join "&" $params }}
+{{- end }}
+
+{{/* user:password@ with kubelet $(VAR) references to the Secret-backed variables. */}}
+{{- define "cancel-bus.redisUserinfo" -}}
+{{- $auth := .Values.redis.auth }}
+{{- $user := "" }}
+{{- if and $auth.existingSecret $auth.usernameKey }}{{ $user = "$(REDIS_USERNAME)" }}
+{{- else if $auth.username }}{{ $user = $auth.username }}{{ end }}
+{{- $password := or .Values.redis.inChart.enabled $auth.existingSecret $auth.password }}
+{{- if $password }}{{ printf "%s:$(REDIS_PASSWORD)@" $user }}
+{{- else if $user }}{{ printf "%s@" $user }}
+{{- end }}
+{{- end }}
+
+{{/*
+CANCEL_BUS_REDIS_URL. Standalone: the URL the app reads today. Sentinel and Cluster: the forms
+planned by issue 8 (redis+sentinel://h:p,h:p/master/db and redis+cluster://h:p,h:p), which this
+version of the app does not accept yet.
+*/}}
+{{- define "cancel-bus.redisUrl" -}}
+{{- $scheme := ternary "rediss" "redis" .Values.redis.tls.enabled }}
+{{- $userinfo := include "cancel-bus.redisUserinfo" . }}
+{{- $query := include "cancel-bus.redisQuery" . }}
+{{- $url := "" }}
+{{- if .Values.redis.inChart.enabled }}
+{{- $url = printf "redis://%s%s-redis:6379/0" $userinfo (include "cancel-bus.fullname" .) }}
+{{- else if eq .Values.redis.mode "sentinel" }}
+{{- $s := .Values.redis.sentinel }}
+{{- $url = printf "%s+sentinel://%s%s/%s/%d" $scheme $userinfo (join "," $s.addresses) $s.masterName (int $s.db) }}
+{{- else if eq .Values.redis.mode "cluster" }}
+{{- $url = printf "%s+cluster://%s%s" $scheme $userinfo (join "," .Values.redis.cluster.addresses) }}
+{{- else }}
+{{- $u := urlParse .Values.redis.url }}
+{{- $url = printf "%s://%s%s%s" $u.scheme $userinfo $u.host $u.path }}
+{{- $query = join "&" (compact (list $u.query $query)) }}
+{{- end }}
+{{- if $query }}{{ $url = printf "%s?%s" $url $query }}{{ end }}
+{{- $url }}
+{{- end }}
+
+{{/* preStop: the kubelet's own sleep from 1.30 on (no binary needed), else `sleep` in the image. */}}
+{{- define "cancel-bus.preStop" -}}
+{{- if semverCompare ">=1.30-0" .Capabilities.KubeVersion.Version }}
+sleep:
+  seconds: {{ int .Values.preStopSleepSeconds }}
+{{- else }}
+exec:
+  command: ["sleep", "{{ int .Values.preStopSleepSeconds }}"]
+{{- end }}
+{{- end }}
