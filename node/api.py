@@ -7,7 +7,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Body, Depends, HTTPException, Path, Query, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from cancel_bus import ID_PATTERN, CancelResult, Outcome, RunInfo, RunStatus
+from cancel_bus import ID_PATTERN, CancelBus, CancelResult, Outcome, RunInfo
 
 from . import sse
 from .auth import CurrentPrincipal, OpsPrincipal, Principal
@@ -56,11 +56,12 @@ async def start_run_streaming(
     """Start a run and stream it; closing the stream before the run ends cancels the run."""
     _may_start(principal, body, node)
     info = await node.start_run(body)
+    bus = node.bus_for_app(body.app_name)
     stream = sse.run_stream(
-        node.bus,
+        bus,
         info,
         from_start=True,
-        on_disconnect=lambda: node.cancel_soon(info.run_id, "client_disconnected"),
+        on_disconnect=lambda: node.cancel_soon(bus, info.run_id, "client_disconnected"),
     )
     return StreamingResponse(stream, media_type="text/event-stream", headers=sse.HEADERS)
 
@@ -72,8 +73,8 @@ async def start_run_streaming(
 )
 async def follow_run(run_id: IdPath, node: Node, principal: CurrentPrincipal) -> StreamingResponse:
     """Follow a run's events from now on, whichever node runs it."""
-    run = await _visible_run(node, principal, run_id)
-    stream = sse.run_stream(node.bus, run, from_start=False, closing=node.drain_started)
+    bus, run = await _visible_run(node, principal, run_id)
+    stream = sse.run_stream(bus, run, from_start=False, closing=node.drain_started)
     return StreamingResponse(stream, media_type="text/event-stream", headers=sse.HEADERS)
 
 
@@ -86,9 +87,11 @@ async def cancel_run(
     run_id: IdPath, node: Node, principal: CurrentPrincipal, body: CancelBodyIn = None
 ) -> JSONResponse:
     """Cancel a run from any node: 200 cancelled/owner_lost, 202 stopping, 404, 409 finished."""
-    if not principal.is_ops:
-        await _visible_run(node, principal, run_id)
-    result = await node.cancel(run_id, body or CancelBody(), principal.name)
+    if principal.is_ops and len(node.buses) == 1:
+        bus = node.bus  # no lookup needed: the cancel itself says not_found
+    else:
+        bus, _ = await _visible_run(node, principal, run_id)
+    result = await node.cancel(bus, run_id, body or CancelBody(), principal.name)
     return _cancel_response(result)
 
 
@@ -128,21 +131,21 @@ async def list_runs(
         if user_id is not None and user_id != principal.user_id:
             return RunList(runs=[])
         user_id = principal.user_id
-    chosen = status if status in ("active", "all") else RunStatus(status)
-    runs = await node.bus.list_runs(chosen, node_id, app_name, user_id, limit)
+    runs = await node.list_runs(status, node_id, app_name, user_id, limit)
     return RunList(runs=runs)
 
 
 @router.get("/runs/{run_id}", response_model=RunInfo, responses=ERRORS)
 async def get_run(run_id: IdPath, node: Node, principal: CurrentPrincipal) -> RunInfo:
-    return await _visible_run(node, principal, run_id)
+    _, run = await _visible_run(node, principal, run_id)
+    return run
 
 
 @router.get("/runs/{run_id}/events", response_model=EventList, responses=ERRORS)
 async def run_events(run_id: IdPath, node: Node, principal: CurrentPrincipal) -> EventList:
     """The run's lifecycle: started, cancel requested/delivered, finished..."""
-    await _visible_run(node, principal, run_id)
-    return EventList(events=await node.bus.events(run_id))
+    bus, _ = await _visible_run(node, principal, run_id)
+    return EventList(events=await bus.events(run_id))
 
 
 @router.get("/nodes", response_model=NodeList, responses=ERRORS, tags=["ops"])
@@ -157,11 +160,13 @@ def _may_start(principal: Principal, body: StartRun, node: NodeService) -> None:
         raise HTTPException(status_code=503, detail="this node is draining")
 
 
-async def _visible_run(node: NodeService, principal: Principal, run_id: str) -> RunInfo:
-    run = await node.bus.get_run(run_id)
-    if run is None or not principal.may_see(run):
+async def _visible_run(
+    node: NodeService, principal: Principal, run_id: str
+) -> tuple[CancelBus, RunInfo]:
+    found = await node.find_run(run_id)
+    if found is None or not principal.may_see(found[1]):
         raise HTTPException(status_code=404, detail=f"run {run_id} not found")
-    return run
+    return found
 
 
 def _cancel_response(result: CancelResult) -> JSONResponse:

@@ -25,15 +25,15 @@ async def readyz(node: Node) -> JSONResponse:
     problems = []
     if node.draining:
         problems.append("draining")
-    bus = node.bus
-    if not bus.ready:
-        problems.append("bus not ready (lease or subscriber)")
+    for bus in node.buses:
+        if not bus.ready:
+            problems.append(f"namespace {bus.keys.namespace}: lease or subscriber not ready")
     try:
         async with asyncio.timeout(1.0):
-            await bus.redis.ping()
+            await node.bus.redis.ping()
     except Exception:
         problems.append("redis unreachable")
-    body = {"ready": not problems, "node_id": bus.node_id, "problems": problems}
+    body = {"ready": not problems, "node_id": node.bus.node_id, "problems": problems}
     return JSONResponse(status_code=503 if problems else 200, content=body)
 
 

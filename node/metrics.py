@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -42,28 +42,42 @@ _BUS_COUNTERS = {
 
 
 class _BusCollector(Collector):
-    """Reads the bus's counters at scrape time."""
+    """Reads the buses' counters at scrape time, one series per namespace."""
 
-    def __init__(self, bus: CancelBus) -> None:
-        self._bus = bus
+    def __init__(self, buses: Mapping[str, CancelBus]) -> None:
+        self._buses = buses
 
     def collect(self) -> Iterator[Metric]:
-        bus = self._bus
-        yield GaugeMetricFamily(
-            "cancel_bus_active_runs", "Runs executing on this node", value=len(bus.local_runs())
-        )
-        yield GaugeMetricFamily(
-            "cancel_bus_ready", "1 if the node holds its lease and listens", value=int(bus.ready)
-        )
-        yield CounterMetricFamily(
-            "cancel_bus_pubsub_reconnects",
-            "Reconnects of the subscriber connection",
-            value=bus.pubsub_reconnects,
-        )
-        for name, help_text in _BUS_COUNTERS.items():
-            yield CounterMetricFamily(
-                f"cancel_bus_{name}", help_text, value=getattr(bus.stats, name)
-            )
+        families: list[GaugeMetricFamily | CounterMetricFamily] = [
+            GaugeMetricFamily(
+                "cancel_bus_active_runs", "Runs executing on this node", labels=["namespace"]
+            ),
+            GaugeMetricFamily(
+                "cancel_bus_ready",
+                "1 if the node holds its lease and listens",
+                labels=["namespace"],
+            ),
+            CounterMetricFamily(
+                "cancel_bus_pubsub_reconnects",
+                "Reconnects of the subscriber connection",
+                labels=["namespace"],
+            ),
+        ]
+        counters = {
+            name: CounterMetricFamily(f"cancel_bus_{name}", help_text, labels=["namespace"])
+            for name, help_text in _BUS_COUNTERS.items()
+        }
+        for namespace, bus in self._buses.items():
+            for family, value in zip(
+                families,
+                (len(bus.local_runs()), int(bus.ready), bus.pubsub_reconnects),
+                strict=True,
+            ):
+                family.add_metric([namespace], value)
+            for name, family in counters.items():
+                family.add_metric([namespace], getattr(bus.stats, name))
+        yield from families
+        yield from counters.values()
 
 
 class Metrics:
@@ -86,8 +100,8 @@ class Metrics:
             "cancel_bus_runs_started", "Runs started on this node", registry=self.registry
         )
 
-    def watch(self, bus: CancelBus) -> None:
-        self.registry.register(_BusCollector(bus))
+    def watch(self, buses: Mapping[str, CancelBus]) -> None:
+        self.registry.register(_BusCollector(buses))
 
     def observe_cancel(self, result: CancelResult) -> None:
         self.cancels.labels(result.outcome.value).inc()

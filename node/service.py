@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
+import heapq
+import itertools
 import logging
 from typing import IO
 
@@ -20,33 +22,47 @@ log = logging.getLogger("cancel_bus.node")
 
 
 class NodeService:
+    """The node's buses: one per namespace it serves (``namespace``, plus those named in
+    ``app_namespaces``), each with its own lease and subscription; runs go to their app's."""
+
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.metrics = Metrics()
         self.embedded: EmbeddedServer | None = None
         self._embedded_lock: IO[str] | None = None
-        self._bus: CancelBus | None = None
+        self._buses: dict[str, CancelBus] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self.drain_started = asyncio.Event()  # ends the node's open streams
 
     @property
     def bus(self) -> CancelBus:
-        assert self._bus is not None, "the node is not started"
-        return self._bus
+        """The bus of the default namespace."""
+        assert self._buses, "the node is not started"
+        return self._buses[self.settings.namespace]
+
+    @property
+    def buses(self) -> list[CancelBus]:
+        return list(self._buses.values())
+
+    def bus_for_app(self, app_name: str) -> CancelBus:
+        namespace = self.settings.app_namespaces.get(app_name, self.settings.namespace)
+        return self._buses[namespace]
 
     async def start(self) -> None:
         s = self.settings
         url = s.redis_connection_url() or self._start_embedded()
-        self._bus = CancelBus(
-            url,
-            namespace=s.namespace,
-            node_id=s.node_id,
-            lease_ttl=s.lease_ttl,
-            retention=s.retention,
-            signing_key=s.signing_key.get_secret_value() if s.signing_key else None,
-        )
-        await self._bus.start()
-        self.metrics.watch(self._bus)
+        for namespace in dict.fromkeys([s.namespace, *s.app_namespaces.values()]):
+            bus = CancelBus(
+                url,
+                namespace=namespace,
+                node_id=s.node_id,
+                lease_ttl=s.lease_ttl,
+                retention=s.retention,
+                signing_key=s.signing_key.get_secret_value() if s.signing_key else None,
+            )
+            await bus.start()
+            self._buses[namespace] = bus
+        self.metrics.watch(self._buses)
 
     @property
     def draining(self) -> bool:
@@ -58,9 +74,10 @@ class NodeService:
         if self.draining:
             return
         self.drain_started.set()
-        if self._bus is not None:
-            log.info("draining: %d run(s) active", len(self._bus.local_runs()))
-            await self._bus.close(drain_timeout=self.settings.drain_timeout)
+        log.info("draining: %d run(s) active", sum(len(b.local_runs()) for b in self.buses))
+        await asyncio.gather(
+            *(b.close(drain_timeout=self.settings.drain_timeout) for b in self.buses)
+        )
 
     async def stop(self) -> None:
         await self.drain()
@@ -73,6 +90,30 @@ class NodeService:
         if self._embedded_lock is not None:
             self._embedded_lock.close()
 
+    async def find_run(self, run_id: str) -> tuple[CancelBus, RunInfo] | None:
+        """The run and the bus of its namespace (a run id is looked up in every one)."""
+        found = await asyncio.gather(*(bus.get_run(run_id) for bus in self.buses))
+        for bus, run in zip(self.buses, found, strict=True):
+            if run is not None:
+                return bus, run
+        return None
+
+    async def list_runs(
+        self,
+        status: str,
+        node_id: str | None,
+        app_name: str | None,
+        user_id: str | None,
+        limit: int,
+    ) -> list[RunInfo]:
+        """Newest first, across the namespaces (only the app's, given an app)."""
+        buses = [self.bus_for_app(app_name)] if app_name is not None else self.buses
+        lists = await asyncio.gather(
+            *(bus.list_runs(status, node_id, app_name, user_id, limit) for bus in buses)
+        )
+        runs = heapq.merge(*lists, key=lambda run: run.created_at, reverse=True)
+        return list(itertools.islice(runs, limit))
+
     async def start_run(self, body: StartRun) -> RunInfo:
         """Register the run here and start the agent; returns once it is recorded running."""
         registered: asyncio.Future[RunHandle] = asyncio.get_running_loop().create_future()
@@ -81,13 +122,15 @@ class NodeService:
         task.add_done_callback(self._tasks.discard)
         handle = await registered
         self.metrics.runs_started.inc()
-        info = await self.bus.get_run(handle.run_id)
+        info = await self.bus_for_app(body.app_name).get_run(handle.run_id)
         if info is None:
             raise RunNotFound(handle.run_id)
         return info
 
-    async def cancel(self, run_id: str, body: CancelBody, requested_by: str) -> CancelResult:
-        result = await self.bus.cancel(
+    async def cancel(
+        self, bus: CancelBus, run_id: str, body: CancelBody, requested_by: str
+    ) -> CancelResult:
+        result = await bus.cancel(
             run_id,
             mode=body.mode,
             reason=body.reason,
@@ -101,7 +144,7 @@ class NodeService:
     async def cancel_session(
         self, session: tuple[str, str, str], body: CancelBody, requested_by: str
     ) -> CancelResult:
-        result = await self.bus.cancel_session(
+        result = await self.bus_for_app(session[0]).cancel_session(
             *session,
             mode=body.mode,
             reason=body.reason,
@@ -112,12 +155,12 @@ class NodeService:
         self.metrics.observe_cancel(result)
         return result
 
-    def cancel_soon(self, run_id: str, reason: str) -> None:
+    def cancel_soon(self, bus: CancelBus, run_id: str, reason: str) -> None:
         """Cancel without waiting, from a context that is going away (a closed stream)."""
 
         async def cancel() -> None:
             with contextlib.suppress(Exception):
-                await self.bus.cancel(run_id, reason=reason, requested_by="node", wait=False)
+                await bus.cancel(run_id, reason=reason, requested_by="node", wait=False)
 
         task = asyncio.create_task(cancel())
         self._tasks.add(task)
@@ -125,7 +168,7 @@ class NodeService:
 
     async def _execute(self, body: StartRun, registered: asyncio.Future[RunHandle]) -> None:
         try:
-            async with self.bus.run(
+            async with self.bus_for_app(body.app_name).run(
                 body.run_id,
                 app_name=body.app_name,
                 user_id=body.user_id,

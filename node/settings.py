@@ -5,15 +5,23 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 from urllib.parse import quote, urlsplit, urlunsplit
 
-from pydantic import BaseModel, Field, SecretStr, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    Field,
+    SecretStr,
+    StringConstraints,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from cancel_bus import ID_PATTERN
 
 ENV_PREFIX = "CANCEL_BUS_"
+Id = Annotated[str, StringConstraints(pattern=ID_PATTERN, max_length=200)]
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
 
 
@@ -40,6 +48,10 @@ class Settings(BaseSettings):
     redis_username: str | None = None
     redis_password: SecretStr | None = None
     namespace: str = Field(default="cancel-bus", pattern=ID_PATTERN, max_length=200)
+    app_namespaces: dict[Id, Id] = Field(
+        default_factory=dict,
+        description='JSON {"<app_name>": "<namespace>"}: apps served in their own namespace',
+    )
     node_id: str | None = Field(default=None, pattern=ID_PATTERN, max_length=200)
     lease_ttl: float = Field(default=10.0, ge=0.3, le=3600)
     retention: float = Field(default=86400.0, ge=1)

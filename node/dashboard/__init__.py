@@ -43,7 +43,7 @@ async def _snapshots(
     user = None if principal.is_ops else principal.user_id
     while not node.draining and not await request.is_disconnected():
         try:
-            runs = await node.bus.list_runs("active", user_id=user, limit=500)
+            runs = await node.list_runs("active", None, None, user, 500)
             nodes = await node.bus.list_nodes() if principal.is_ops else []
             yield sse.encode(
                 "snapshot",
