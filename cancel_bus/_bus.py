@@ -651,7 +651,15 @@ class CancelBus:
         log.warning("cancel-bus: Redis lost node %s; re-asserting its state", self._node_id)
         async with self._rejoining:
             try:
-                await self._lease.register(self._node_id, restore_epoch=self._lease.epoch)
+                await self._lease.register(self._node_id, restore=True)
+            except Fenced:
+                self._lease.valid = False
+                await self.lease_lost("fenced before Redis forgot it")
+                return
+            except BusUnavailable as exc:
+                log.warning("cancel-bus: re-registration failed, retrying next beat: %s", exc)
+                return
+            try:
                 await self._reconcile()
                 for run_id in self._waiters.run_ids():
                     await self._store.add_waiter(run_id, self._node_id)

@@ -79,11 +79,6 @@ class KeySpace:
         """Sorted set of live node ids, scored by lease expiry (seconds, Redis clock)."""
         return f"{self.prefix}nodes"
 
-    @property
-    def epoch(self) -> str:
-        """Counter handing out one fencing epoch per node incarnation."""
-        return f"{self.prefix}epoch"
-
     def run(self, run_id: str) -> str:
         return f"{self.prefix}run:{run_id}"
 

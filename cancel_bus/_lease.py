@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 import time
 from collections.abc import Callable
 from typing import Protocol
 
-from ._errors import BusUnavailable, NodeIdInUse
+from ._errors import BusUnavailable, Fenced, NodeIdInUse
 from ._store import RunStore
 
 log = logging.getLogger("cancel_bus")
@@ -61,19 +62,24 @@ class Lease:
         """Now, on the Redis server clock (estimated from the heartbeats)."""
         return time.time() + self.offset
 
-    async def register(self, node_id: str, restore_epoch: str = "") -> None:
-        """Take the lease for ``node_id``: a new incarnation, or (after Redis lost our records) the
-        same one again. Waits out an expired incarnation of the same id; refuses a live one."""
+    async def register(self, node_id: str, restore: bool = False) -> None:
+        """Take the lease for ``node_id``: a new incarnation (a fresh random epoch), or, with
+        ``restore``, this incarnation again after Redis forgot it (:class:`Fenced` if Redis
+        still knows it: then it was fenced). Waits out an expired incarnation of the same id;
+        refuses a live one (:class:`NodeIdInUse`)."""
+        epoch = self.epoch if restore else secrets.token_hex(8)
         give_up = time.monotonic() + self.lease_ttl + 2.0
         while True:
             sent, local_sent = time.monotonic(), time.time()
-            code, server_now, epoch = await self._store.register_node(
-                node_id, self.lease_ttl, self._version, self._auth(), restore_epoch
+            code, server_now = await self._store.register_node(
+                node_id, self.lease_ttl, self._version, self._auth(), epoch, restore
             )
             if code == "ok":
                 self.node_id, self.epoch, self.valid = node_id, epoch, True
                 self._renewed(sent, local_sent, server_now)
                 return
+            if code == "fenced":
+                raise Fenced(f"node {node_id} was fenced while Redis forgot it")
             if code == "in_use":
                 if time.monotonic() > give_up:
                     raise NodeIdInUse(node_id)

@@ -157,35 +157,32 @@ def _script(body: str) -> str:
     return PRELUDE + body
 
 
-# KEYS[1] nodes zset, KEYS[2] node hash, KEYS[3] epoch counter
+# KEYS[1] nodes zset, KEYS[2] node hash
 # ARGV[1] node_id, ARGV[2] lease_ms, ARGV[3] version, ARGV[4] retention_ms, ARGV[5] pub command,
-# ARGV[6] auth, ARGV[7] epoch to restore ('' for a new incarnation; used only if Redis has no
-# record of the node, i.e. it lost our data)
-# -> {'ok', now, epoch} | {'in_use', now} | {'busy', now}  (busy: an expired incarnation of the same
-#    id still has runs to resolve; call again)
+# ARGV[6] auth, ARGV[7] epoch (the incarnation's fencing token: random, chosen by the node),
+# ARGV[8] restore ('1': the node takes back the incarnation Redis forgot, e.g. after a restart
+# without persistence; refused if Redis still knows the node)
+# -> {'ok', now} | {'in_use', now} | {'busy', now} (an expired incarnation of the same id still
+#    has runs to resolve; call again) | {'fenced', now} (restore refused)
 REGISTER_NODE = _script("""
-local nodes, node_key, epoch_key = KEYS[1], KEYS[2], KEYS[3]
+local nodes, node_key = KEYS[1], KEYS[2]
 local node_id, lease_ms, version = ARGV[1], tonumber(ARGV[2]), ARGV[3]
-local retention_ms, pub, auth, restore = tonumber(ARGV[4]), ARGV[5], ARGV[6], ARGV[7]
+local retention_ms, pub, auth = tonumber(ARGV[4]), ARGV[5], ARGV[6]
+local epoch, restore = ARGV[7], ARGV[8]
 local forgotten = redis.call('EXISTS', node_key) == 0
+if restore == '1' and not forgotten then
+  if node_alive(node_id, epoch) then return {'ok', NOW} end  -- a retried call
+  return {'fenced', NOW}
+end
 if (not forgotten) and node_alive(node_id, nil) then return {'in_use', NOW} end
 local _, done = reap_node(node_id, 500, retention_ms, pub, auth, 'dead')
 if not done then return {'busy', NOW} end
-local epoch
-if restore ~= '' and forgotten then
-  epoch = restore
-  if tonumber(redis.call('GET', epoch_key) or '0') < tonumber(restore) then
-    redis.call('SET', epoch_key, restore)
-  end
-else
-  epoch = tostring(redis.call('INCR', epoch_key))
-end
 local expires = fmt(NOW_S + lease_ms / 1000)
 redis.call('DEL', node_key)
 redis.call('HSET', node_key, 'node_id', node_id, 'state', 'alive', 'epoch', epoch,
   'started_at', NOW, 'last_heartbeat', NOW, 'lease_expires_at', expires, 'version', version)
 redis.call('ZADD', nodes, expires, node_id)
-return {'ok', NOW, epoch}
+return {'ok', NOW}
 """)
 
 # KEYS[1] nodes zset, KEYS[2] node hash

@@ -66,24 +66,19 @@ class RunStore:
     # -- nodes --------------------------------------------------------------------------------
 
     async def register_node(
-        self, node_id: str, lease_ttl: float, version: str, auth: str, restore_epoch: str
-    ) -> tuple[str, float, str]:
-        """-> (code, server time, epoch); code is ok | in_use | busy."""
+        self, node_id: str, lease_ttl: float, version: str, auth: str, epoch: str, restore: bool
+    ) -> tuple[str, float]:
+        """-> (code, server time); code is ok | in_use | busy | fenced (restore refused)."""
         k = self.keys
         reply = await self._eval(
             "register_node",
-            [k.nodes, k.node(node_id), k.epoch],
+            [k.nodes, k.node(node_id)],
             [
-                node_id,
-                str(int(lease_ttl * 1000)),
-                version,
-                self.retention_ms,
-                self.pub_command,
-                auth,
-                restore_epoch,
+                node_id, str(int(lease_ttl * 1000)), version, self.retention_ms, self.pub_command,
+                auth, epoch, "1" if restore else "0",
             ],
-        )
-        return reply[0], float(reply[1]), reply[2] if len(reply) > 2 else ""
+        )  # fmt: skip
+        return reply[0], float(reply[1])
 
     async def heartbeat(self, node_id: str, epoch: str, lease_ttl: float) -> tuple[str, float, int]:
         """-> (code, server time, runs recorded for the node); code is ok | fenced | missing."""
@@ -341,7 +336,7 @@ class RunStore:
             nodes.append(
                 NodeInfo(
                     node_id=node_id,
-                    epoch=int(fields.get("epoch", 0)),
+                    epoch=fields.get("epoch", ""),
                     started_at=float(fields.get("started_at", 0)),
                     last_heartbeat=float(fields.get("last_heartbeat", 0)),
                     lease_expires_at=expires,

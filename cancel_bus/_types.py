@@ -143,7 +143,7 @@ class NodeInfo(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     node_id: str
-    epoch: int
+    epoch: str
     started_at: float
     last_heartbeat: float
     lease_expires_at: float

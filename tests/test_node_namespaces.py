@@ -16,8 +16,9 @@ from .node_cluster import Cluster
 
 def test_apps_live_in_their_own_namespaces(redis_server: EmbeddedServer, tmp_path: Path) -> None:
     billing = f"ns-billing-{uuid.uuid4().hex[:6]}"
-    cluster = Cluster(redis_server.url, 2, tmp_path,
-                      app_namespaces=json.dumps({"billing": billing})).start()
+    cluster = Cluster(
+        redis_server.url, 2, tmp_path, app_namespaces=json.dumps({"billing": billing})
+    ).start()
     try:
         n1, n2 = cluster.nodes
         agent = {"tokens": 100_000, "token_interval_ms": 5}

@@ -4,6 +4,7 @@ after a lost reply must change nothing)."""
 from __future__ import annotations
 
 import time
+import uuid
 
 import pytest
 import redis.asyncio as aioredis
@@ -22,7 +23,8 @@ async def store(raw_redis: aioredis.Redis, namespace: str) -> RunStore:
 
 
 async def _node(store: RunStore, node_id: str = "n1") -> str:
-    code, _, epoch = await store.register_node(node_id, LEASE, "test", "", "")
+    epoch = uuid.uuid4().hex[:16]
+    code, _ = await store.register_node(node_id, LEASE, "test", "", epoch, restore=False)
     assert code == "ok"
     return epoch
 
@@ -85,11 +87,10 @@ def test_every_script_names_its_keys_and_argv_as_locals_at_the_top() -> None:
 
 
 async def test_register_node_twice_refuses_a_live_incarnation(store: RunStore) -> None:
-    epoch = await _node(store)
-    code, _, _ = await store.register_node("n1", LEASE, "test", "", "")
+    await _node(store)
+    code, _ = await store.register_node("n1", LEASE, "test", "", "other", restore=False)
     assert code == "in_use"
-    code2, _, epoch2 = await store.register_node("n2", LEASE, "test", "", "")
-    assert code2 == "ok" and int(epoch2) > int(epoch)
+    assert (await store.heartbeat("n1", "other", LEASE))[0] == "fenced"
 
 
 async def test_register_node_after_expiry_reaps_the_old_incarnation_first(
@@ -98,25 +99,28 @@ async def test_register_node_after_expiry_reaps_the_old_incarnation_first(
     epoch = await _node(store)
     await _start(store, "r1", "n1", epoch)
     await raw_redis.zadd(store.keys.nodes, {"n1": time.time() - 1})
-    code, _, new_epoch = await store.register_node("n1", LEASE, "test", "", "")
-    assert code == "ok" and new_epoch != epoch
+    code, _ = await store.register_node("n1", LEASE, "test", "", "new-epoch", restore=False)
+    assert code == "ok"
     run = await store.get_run("r1")
     assert run is not None and run.status is RunStatus.FAILED and run.end_reason == "owner_lost"
     assert await _finish(store, "r1", "n1", epoch) == ("done", "failed", "")
-    assert await _finish(store, "r1", "n1", new_epoch) == ("done", "failed", "")
+    assert await _finish(store, "r1", "n1", "new-epoch") == ("done", "failed", "")
 
 
-async def test_register_node_restores_an_epoch_only_if_redis_forgot_the_node(
+async def test_register_node_restores_an_incarnation_only_if_redis_forgot_it(
     store: RunStore, raw_redis: aioredis.Redis
 ) -> None:
     epoch = await _node(store)
-    await raw_redis.delete(store.keys.node("n1"), store.keys.epoch)
-    await raw_redis.zrem(store.keys.nodes, "n1")
-    code, _, restored = await store.register_node("n1", LEASE, "test", "", epoch)
-    assert (code, restored) == ("ok", epoch)
-    assert await raw_redis.get(store.keys.epoch) == epoch  # later epochs stay unique
-    code, _, _ = await store.register_node("n1", LEASE, "test", "", epoch)
-    assert code == "in_use"
+    assert (await store.register_node("n1", LEASE, "test", "", epoch, restore=True))[0] == "ok"
+    await raw_redis.zadd(store.keys.nodes, {"n1": time.time() - 1})  # expired: fenced
+    assert (await store.heartbeat("n1", epoch, LEASE))[0] == "fenced"
+    restored = await store.register_node("n1", LEASE, "test", "", epoch, restore=True)
+    assert restored[0] == "fenced"  # Redis still knows the incarnation was fenced
+    await raw_redis.delete(store.keys.node("n1"))
+    await raw_redis.zrem(store.keys.nodes, "n1")  # now Redis forgot it
+    restored = await store.register_node("n1", LEASE, "test", "", epoch, restore=True)
+    assert restored[0] == "ok"
+    assert (await store.heartbeat("n1", epoch, LEASE))[0] == "ok"
 
 
 async def test_heartbeat_ok_fenced_missing(store: RunStore, raw_redis: aioredis.Redis) -> None:

@@ -56,7 +56,6 @@ def test_keys_share_one_hash_tag() -> None:
         keys.active,
         keys.finished,
         keys.nodes,
-        keys.epoch,
         keys.run("r"),
         keys.events("r"),
         keys.relay("r"),

@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import json
 import random
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -24,8 +25,12 @@ def main() -> int:
     args = parser.parse_args()
     print(f"chaos seed {args.seed}", flush=True)
     profile = Profile(args.runs, args.concurrency, args.seed, args.rounds)
-    with tempfile.TemporaryDirectory(prefix="cancel-bus-chaos-") as workdir:
-        report = asyncio.run(run_chaos(profile, Path(workdir)))
+    workdir = Path(tempfile.mkdtemp(prefix="cancel-bus-chaos-"))
+    report = asyncio.run(run_chaos(profile, workdir))
+    if report.violation_count:
+        print(f"node logs and audit logs kept in {workdir}")
+    else:
+        shutil.rmtree(workdir)
     summary = report.as_dict()
     print(json.dumps(summary, indent=2))
     if args.json:

@@ -131,45 +131,45 @@ class Cluster:
 
     async def client_kill(self, worker: Worker) -> None:
         """CLIENT KILL of every connection of the node (its subscriber included)."""
+        self.record("client_kill", worker.name)
         async with self.admin() as admin:
             for client in await admin.client_list():
                 if client.get("name", "").startswith(f"cancel-bus.{worker.name}"):
                     with contextlib.suppress(Exception):
                         await admin.client_kill_filter(_id=client["id"])
-        self.record("client_kill", worker.name)
 
     async def proxy_reset(self, worker: Worker) -> None:
-        worker.proxy.cut()
         self.record("proxy_reset", worker.name)
+        worker.proxy.cut()
 
     async def latency(self, worker: Worker, seconds: float) -> None:
-        worker.proxy.latency = 0.05
         self.record("latency_50ms", worker.name)
+        worker.proxy.latency = 0.05
         await asyncio.sleep(seconds)
         worker.proxy.latency = 0.0
 
     async def partition(self, worker: Worker, seconds: float) -> None:
         """No packet in either direction for longer than the lease, then healing."""
-        worker.proxy.blackhole()
         self.record("partition", worker.name)
+        worker.proxy.blackhole()
         await asyncio.sleep(seconds)
         worker.proxy.heal()
 
     async def sigkill(self, worker: Worker, down: float) -> None:
         assert worker.process is not None
+        self.record("sigkill", worker.name)
         worker.process.kill()
         await asyncio.to_thread(worker.process.wait)
         worker.killed = True
-        self.record("sigkill", worker.name)
         await asyncio.sleep(down)
         worker.spawn()  # the same node id: a new incarnation once the old lease is gone
         await worker.ready(timeout=LEASE_TTL * 3 + 30)
 
     async def sigstop(self, worker: Worker, seconds: float) -> None:
         assert worker.process is not None
+        self.record("sigstop", worker.name)
         worker.process.send_signal(signal.SIGSTOP)
         worker.stopped = True
-        self.record("sigstop", worker.name)
         await asyncio.sleep(seconds)
         worker.process.send_signal(signal.SIGCONT)
         worker.stopped = False
@@ -177,6 +177,7 @@ class Cluster:
     async def redis_restart(self) -> None:
         """Kill Redis and start it again on the same port: every key is gone. What Redis held
         just before is kept for the checker: it is part of the history."""
+        self.record("redis_restart_data_loss", "redis")
         prefix = f"cb:{{{self.namespace}}}:run:"
         async with self.admin() as admin:
             await admin.execute_command("CLIENT", "PAUSE", "30000", "WRITE")  # a still picture
@@ -185,4 +186,3 @@ class Cluster:
                 if fields:
                     self.forgotten[key[len(prefix) :]] = fields
         await asyncio.to_thread(self.server.restart)  # the paused writes die with it
-        self.record("redis_restart_data_loss", "redis")

@@ -70,6 +70,8 @@ async def _sum_metric(cluster: Cluster, name: str) -> int:
                 text = (await client.get(f"{worker.url}/metrics")).text
             except httpx.HTTPError:
                 continue
-            match = re.search(rf"^{name} ([0-9.e+]+)$", text, re.M)
-            total += int(float(match.group(1))) if match else 0
+            total += sum(
+                int(float(value))
+                for value in re.findall(rf"^{name}(?:{{[^}}]*}})? ([0-9.e+]+)$", text, re.M)
+            )
     return total
