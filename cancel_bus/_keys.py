@@ -40,6 +40,8 @@ ACL_COMMANDS = (
     "zadd", "zrem", "zrange", "zrevrange", "zrangebyscore", "zremrangebyscore", "zscore",
     "xadd", "xrange", "xrevrange", "xread",
     "publish", "spublish", "subscribe", "ssubscribe", "unsubscribe", "sunsubscribe",
+    # Redis Cluster: the client's view of the slots, and the slot migration handshake
+    "cluster|slots", "cluster|shards", "command", "asking", "readonly",
 )  # fmt: skip
 
 

@@ -18,6 +18,7 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 
 from redis.asyncio import ConnectionPool, Redis
 from redis.asyncio.cluster import ClusterNode, RedisCluster
+from redis.asyncio.connection import URL_QUERY_ARGUMENT_PARSERS
 from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel
 from redis.backoff import ExponentialWithJitterBackoff
@@ -104,8 +105,7 @@ def connect(
     if base not in ("redis", "rediss") or kind not in ("sentinel", "cluster"):
         raise InvalidArgument(f"unsupported Redis URL scheme {parts.scheme!r}")
     hosts = _hosts(parts.netloc.rpartition("@")[2])
-    query = dict(parse_qsl(parts.query))
-    options.update(query)
+    options.update(_query_options(parts.query))
     options["ssl"] = base == "rediss"
     if parts.username:
         options["username"] = unquote(parts.username)
@@ -120,9 +120,24 @@ def connect(
         raise InvalidArgument("a redis+sentinel URL needs the service name: .../<service>/<db>")
     options["db"] = int(path[1]) if len(path) > 1 else 0
     sentinel_options = {key[9:]: options.pop(key) for key in _SENTINEL_OPTIONS if key in options}
-    sentinel_options.update(socket_timeout=options["socket_timeout"], ssl=options["ssl"])
+    sentinel_options.update(
+        {key: value for key, value in options.items() if key.startswith("ssl")},
+        socket_timeout=options["socket_timeout"],
+    )  # the sentinels are reached like the data nodes: same TLS settings
     sentinel = Sentinel(hosts, sentinel_kwargs=sentinel_options, **options)  # type: ignore[no-untyped-call]
     return Topology(sentinel.master_for(path[0], redis_class=Redis), cluster=False)
+
+
+def _query_options(query: str) -> dict[str, Any]:
+    """URL query parameters as redis-py options, typed the way redis-py types them."""
+    options: dict[str, Any] = {}
+    for name, value in parse_qsl(query):
+        parser = URL_QUERY_ARGUMENT_PARSERS.get(name)
+        try:
+            options[name] = parser(value) if parser else value
+        except (TypeError, ValueError):
+            raise InvalidArgument(f"invalid value for the URL option {name}: {value!r}") from None
+    return options
 
 
 def _hosts(netloc: str) -> list[tuple[str, int]]:

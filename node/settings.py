@@ -6,7 +6,7 @@ import json
 import os
 from pathlib import Path
 from typing import Annotated, Literal
-from urllib.parse import quote, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit, urlunsplit
 
 from pydantic import (
     BaseModel,
@@ -47,6 +47,8 @@ class Settings(BaseSettings):
     )
     redis_username: str | None = None
     redis_password: SecretStr | None = None
+    redis_sentinel_username: str | None = None
+    redis_sentinel_password: SecretStr | None = None
     namespace: str = Field(default="cancel-bus", pattern=ID_PATTERN, max_length=200)
     app_namespaces: dict[Id, Id] = Field(
         default_factory=dict,
@@ -96,16 +98,32 @@ class Settings(BaseSettings):
         return tokens
 
     def redis_connection_url(self) -> str | None:
-        """``redis_url`` with ``redis_username``/``redis_password`` put in (URL-encoded), so a
-        secret can come from its own variable whatever characters it holds."""
-        if self.redis_url is None or (self.redis_username is None and self.redis_password is None):
+        """``redis_url`` with the credentials of their own variables put in, URL-encoded, so a
+        secret can hold any character: ``redis_username``/``redis_password`` as the URL's user
+        and the sentinels' as its ``sentinel_username``/``sentinel_password`` parameters."""
+        credentials = (
+            self.redis_username,
+            self.redis_password,
+            self.redis_sentinel_username,
+            self.redis_sentinel_password,
+        )
+        if self.redis_url is None or all(value is None for value in credentials):
             return self.redis_url
         parts = urlsplit(self.redis_url)
-        user = quote(self.redis_username or parts.username or "", safe="")
-        password = self.redis_password.get_secret_value() if self.redis_password else ""
-        userinfo = user + (":" + quote(password, safe="") if password else "")
-        netloc = f"{userinfo}@{parts.netloc.rpartition('@')[2]}"
-        return urlunsplit(parts._replace(netloc=netloc))
+        netloc = parts.netloc
+        if self.redis_username is not None or self.redis_password is not None:
+            user = quote(self.redis_username or unquote(parts.username or ""), safe="")
+            password = _secret(self.redis_password)
+            userinfo = user + (":" + quote(password, safe="") if password else "")
+            netloc = f"{userinfo}@{netloc.rpartition('@')[2]}"
+        query = parse_qsl(parts.query)
+        for name, value in (
+            ("sentinel_username", self.redis_sentinel_username),
+            ("sentinel_password", _secret(self.redis_sentinel_password)),
+        ):
+            if value:
+                query = [(k, v) for k, v in query if k != name] + [(name, value)]
+        return urlunsplit(parts._replace(netloc=netloc, query=urlencode(query)))
 
     @property
     def auth_enabled(self) -> bool:
@@ -120,6 +138,10 @@ class Settings(BaseSettings):
             return self.data_dir
         base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
         return Path(base) / "cancel-bus"
+
+
+def _secret(value: SecretStr | None) -> str:
+    return value.get_secret_value() if value is not None else ""
 
 
 def _load_json(text: str, key: str) -> dict[str, object]:

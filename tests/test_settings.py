@@ -34,3 +34,14 @@ def test_bad_settings_name_the_variable(monkeypatch: pytest.MonkeyPatch) -> None
     monkeypatch.setenv("CANCEL_BUS_API_TOKENS", '{"short": {"role": "ops"}}')
     with pytest.raises(ValueError, match="16"):
         Settings().tokens()
+
+
+def test_sentinel_credentials_become_url_parameters(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CANCEL_BUS_REDIS_URL", "rediss+sentinel://s1:26379/m/0?ssl_ca_certs=/ca")
+    monkeypatch.setenv("CANCEL_BUS_REDIS_SENTINEL_USERNAME", "sentinel-user")
+    monkeypatch.setenv("CANCEL_BUS_REDIS_SENTINEL_PASSWORD", "s&cret=1")
+    url = Settings().redis_connection_url()
+    assert url == (
+        "rediss+sentinel://s1:26379/m/0?ssl_ca_certs=%2Fca&sentinel_username=sentinel-user"
+        "&sentinel_password=s%26cret%3D1"
+    )

@@ -14,6 +14,7 @@ import pytest
 import redis
 
 from cancel_bus import CancelBus, Outcome, RunStatus
+from cancel_bus._keys import KeySpace
 
 from . import test_cancel
 from .helpers import WAIT, LoopingRun, eventually
@@ -201,3 +202,28 @@ async def test_sentinel_failover_cancels_before_during_and_after(
     finally:
         for bus in buses:
             await bus.close(cancel_timeout=2)
+
+
+async def test_namespace_acl_user_on_a_cluster(redis_cluster: Cluster) -> None:
+    namespace = f"acl-{uuid.uuid4().hex[:6]}"
+    user, password = f"u-{namespace}", uuid.uuid4().hex
+    rules = KeySpace(namespace).acl_rules().split()
+    for server in redis_cluster.servers:  # ACLs are per node
+        redis_cluster.client(server).execute_command(
+            "ACL", "SETUSER", user, "on", f">{password}", *rules
+        )
+    url = redis_cluster.url.replace("://", f"://{user}:{password}@")
+    buses: list[CancelBus] = []
+    try:
+        factory = _factory(url, buses)
+        a, b = await factory(namespace=namespace), await factory(namespace=namespace)
+        run = await LoopingRun(a, relay=True).start()
+        assert (await b.cancel(run.run_id, timeout=WAIT)).outcome is Outcome.CANCELLED
+        await run.done()
+        assert [e.type async for e in b.follow(run.run_id, from_start=True)][-1] == "run.finished"
+        assert len(await b.list_runs(status="all")) == 1
+    finally:
+        for bus in buses:
+            await bus.close(cancel_timeout=2)
+        for server in redis_cluster.servers:
+            redis_cluster.client(server).execute_command("ACL", "DELUSER", user)
