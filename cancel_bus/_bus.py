@@ -593,7 +593,10 @@ class CancelBus:
     async def _sweep_forever(self) -> None:
         while True:
             await asyncio.sleep(self._sweep_interval)
-            await self._sweep()
+            try:
+                await self._sweep()
+            except Exception:  # the safety net must outlive any failure
+                log.exception("cancel-bus: sweep failed")
 
     async def _sweep(self) -> None:
         """The safety net of the doorbell: deliver every cancel pending on our runs, and answer

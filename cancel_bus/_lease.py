@@ -71,9 +71,13 @@ class Lease:
         give_up = time.monotonic() + self.lease_ttl + 2.0
         while True:
             sent, local_sent = time.monotonic(), time.time()
-            code, server_now = await self._store.register_node(
-                node_id, self.lease_ttl, self._version, self._auth(), epoch, restore
-            )
+            try:  # bounded: a late answer would date the lease from a stale send time
+                async with asyncio.timeout(self.interval):
+                    code, server_now = await self._store.register_node(
+                        node_id, self.lease_ttl, self._version, self._auth(), epoch, restore
+                    )
+            except TimeoutError:
+                raise BusUnavailable("no answer from Redis to the node registration") from None
             if code == "ok":
                 self.node_id, self.epoch, self.valid = node_id, epoch, True
                 self._renewed(sent, local_sent, server_now)
@@ -88,7 +92,10 @@ class Lease:
     async def run_forever(self) -> None:
         while True:
             await asyncio.sleep(self.interval)
-            await self.beat()
+            try:
+                await self.beat()
+            except Exception:  # the heartbeat must outlive any failure
+                log.exception("cancel-bus: heartbeat of %s failed", self.node_id)
 
     async def beat(self) -> None:
         """One heartbeat, then reap expired nodes. Reports loss or amnesia to the holder."""

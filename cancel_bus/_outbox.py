@@ -41,6 +41,8 @@ class Outbox:
                 await write()
             except BusUnavailable:
                 return False
+            except Exception:  # not a transient failure: retrying would not help
+                log.exception("cancel-bus: terminal write of %s dropped", run_id)
             self._pending.pop(run_id, None)
         return True
 

@@ -170,10 +170,8 @@ local node_id, lease_ms, version = ARGV[1], tonumber(ARGV[2]), ARGV[3]
 local retention_ms, pub, auth = tonumber(ARGV[4]), ARGV[5], ARGV[6]
 local epoch, restore = ARGV[7], ARGV[8]
 local forgotten = redis.call('EXISTS', node_key) == 0
-if restore == '1' and not forgotten then
-  if node_alive(node_id, epoch) then return {'ok', NOW} end  -- a retried call
-  return {'fenced', NOW}
-end
+if (not forgotten) and node_alive(node_id, epoch) then return {'ok', NOW} end  -- a retried call
+if restore == '1' and not forgotten then return {'fenced', NOW} end
 if (not forgotten) and node_alive(node_id, nil) then return {'in_use', NOW} end
 local _, done = reap_node(node_id, 500, retention_ms, pub, auth, 'dead')
 if not done then return {'busy', NOW} end

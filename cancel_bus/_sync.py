@@ -12,7 +12,7 @@ import asyncio
 import logging
 from collections.abc import Callable
 
-from ._errors import BusUnavailable
+from ._errors import BusUnavailable, CancelBusError
 from ._run import RunHandle
 from ._store import RunStore, SyncItem
 
@@ -51,7 +51,7 @@ class RunSync:
             self._dirty.clear()
             try:
                 await self._write(handles)
-            except BusUnavailable as exc:
+            except CancelBusError as exc:
                 log.warning("cancel-bus: run updates not written yet: %s", exc)
                 for handle in handles:
                     self._dirty.setdefault(handle.run_id, handle)

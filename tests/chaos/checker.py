@@ -14,7 +14,7 @@ import redis.asyncio as aioredis
 from cancel_bus import RunInfo
 from cancel_bus._keys import KeySpace
 
-from .harness import RETENTION, Cluster
+from .harness import LEASE_TTL, RETENTION, SWEEP, Cluster
 from .workload import Op
 
 ANSWER_BOUND = 1.5  # seconds a cancel may take beyond its own timeout (HTTP, a busy machine)
@@ -38,6 +38,8 @@ class Report:
     notes: Counter[str] = field(default_factory=Counter)
     recovered_by_sweep: int = 0
     worst_orphan_resolution: float = 0.0
+    quiet_after_faults: float = 0.0
+    worst_orphan: str = ""
     worst_cancel_answer: float = 0.0
     worst_cancel_overshoot: float = 0.0
     duration: float = 0.0
@@ -57,6 +59,8 @@ class Report:
             "notes": dict(self.notes),
             "cancels_recovered_by_sweep": self.recovered_by_sweep,
             "worst_orphan_resolution_s": round(self.worst_orphan_resolution, 3),
+            "worst_orphan": self.worst_orphan,
+            "active_runs_gone_after_faults_s": round(self.quiet_after_faults, 3),
             "worst_cancel_answer_s": round(self.worst_cancel_answer, 3),
             "worst_cancel_overshoot_s": round(self.worst_cancel_overshoot, 3),
             "duration_s": round(self.duration, 1),
@@ -191,12 +195,14 @@ class Checker:
                         f"{op.run_id}: no answer from live node {op.node} ({op.error})",
                     )
                 continue
-            self.report.worst_cancel_answer = max(self.report.worst_cancel_answer, took)
-            self.report.worst_cancel_overshoot = max(
-                self.report.worst_cancel_overshoot, took - op.timeout
-            )
+            frozen = self.node_was_down(op.node, op.started, op.ended)
+            if not frozen:
+                self.report.worst_cancel_answer = max(self.report.worst_cancel_answer, took)
+                self.report.worst_cancel_overshoot = max(
+                    self.report.worst_cancel_overshoot, took - op.timeout
+                )
             if took > op.timeout + ANSWER_BOUND:
-                if self.node_was_down(op.node, op.started, op.ended):
+                if frozen:
                     self.report.notes["late_answers_from_a_frozen_node"] += 1
                 else:
                     self.fail(
@@ -272,6 +278,43 @@ class Checker:
     def node_was_down(self, node: str, start: float, end: float) -> bool:
         """A kill or a stop of that node around the call (it cannot answer while frozen)."""
         return any(target == node and start - 10 <= at <= end for at, _, target in self.downtime)
+
+    # -- 4. orphans are resolved ---------------------------------------------------------
+
+    def measure_orphan_resolution(self) -> None:
+        """For each run resolved as owner_lost: from its owner's fault to its resolution."""
+        for run_id in self.records:
+            record = self.last_record(run_id)
+            if record is None or record.end_reason != "owner_lost" or not record.finished_at:
+                continue
+            struck = [
+                at
+                for at, kind, target in self.cluster.fault_log
+                if target == record.owner
+                and at <= record.finished_at
+                and kind in ("sigkill", "sigstop", "partition")
+            ]
+            if struck:
+                took = record.finished_at - max(struck)
+                if took > self.report.worst_orphan_resolution:
+                    self.report.worst_orphan_resolution = took
+                    self.report.worst_orphan = f"{run_id}: {self.faults_between(record)}"
+                if took > LEASE_TTL + SWEEP:
+                    self.fail(
+                        "no_orphan_after_faults",
+                        f"{run_id} resolved {took:.2f}s after "
+                        f"its owner's fault ({self.faults_between(record)})",
+                    )
+                self.report.notes["runs_resolved_as_owner_lost"] += 1
+
+    def faults_between(self, record: RunInfo) -> str:
+        start, end = record.created_at, record.finished_at or 0.0
+        faults = ", ".join(
+            f"{kind} {target} at {at - start:+.2f}s"
+            for at, kind, target in self.cluster.fault_log
+            if start - 5 <= at <= end
+        )
+        return f"owner {record.owner}; {faults}; resolved at {end - start:+.2f}s"
 
     # -- 5. nothing left behind ---------------------------------------------------------
 

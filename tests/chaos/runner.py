@@ -30,7 +30,7 @@ async def run_chaos(profile: Profile, workdir: Path) -> Report:
         report.faults.update(cluster.faults)
         async with cluster.admin() as redis:
             quiet_after = await _quiescence(redis, cluster.namespace)
-            report.worst_orphan_resolution = quiet_after
+            report.quiet_after_faults = quiet_after
             checker = Checker(cluster, workload.ops, report)
             if quiet_after > QUIET_DEADLINE:
                 checker.fail(
@@ -44,6 +44,7 @@ async def run_chaos(profile: Profile, workdir: Path) -> Report:
             checker.check_terminal_states()
             checker.check_cancelled_is_true()
             checker.check_answers()
+            checker.measure_orphan_resolution()
             await checker.check_no_leak(redis)
     finally:
         await cluster.stop()
