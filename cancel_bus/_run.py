@@ -206,6 +206,13 @@ class RunHandle:
                 log.exception("cancel-bus: a cancel callback of run %s failed", self.run_id)
         return True
 
+    def bind_task(self, task: asyncio.Task[Any] | None) -> None:
+        """The task an ``immediate`` cancel interrupts: the one that entered the run scope (a
+        cancel that came while the run was being registered interrupts it now)."""
+        self._task = task
+        if self._request is not None and self._request.mode is CancelMode.IMMEDIATE:
+            self._interrupt()
+
     def stop(self, reason: str) -> None:
         """Stop the run locally without a request in Redis (the node was fenced or is closing)."""
         now = self._owner.clock()
@@ -285,7 +292,7 @@ class RunScope:
 
     async def __aenter__(self) -> RunHandle:
         handle = await self._owner.start_run(self._spec)
-        handle._task = asyncio.current_task()
+        handle.bind_task(asyncio.current_task())
         self._handle = handle
         return handle
 

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
 from cancel_bus import (
     CancelMode,
+    CancelRequest,
     Outcome,
     RunCancelled,
     RunExists,
@@ -507,3 +509,27 @@ async def test_cancel_callbacks_fire_on_delivery_and_escalation(make_bus: BusFac
     assert seen == [CancelMode.AFTER_TURN, CancelMode.IMMEDIATE]
     assert late == [CancelMode.IMMEDIATE]  # registered after the fact: called at once
     await run.done()
+
+
+async def test_an_immediate_cancel_that_beats_the_registration_still_interrupts(
+    make_bus: BusFactory,
+) -> None:
+    a, b = await make_bus(), await make_bus()
+    entered = asyncio.Event()
+    reached_end = False
+
+    async def work() -> None:
+        nonlocal reached_end
+        async with a.run("early-bird") as run:
+            entered.set()
+            await asyncio.sleep(3600)
+            reached_end = run is None
+
+    # the message arrives on the owner before start_run has returned there
+    a._remember_early("early-bird", CancelRequest(CancelMode.IMMEDIATE, "early", "b", time.time()))
+    task = asyncio.create_task(work())
+    await asyncio.wait_for(entered.wait(), WAIT)
+    await asyncio.wait_for(task, WAIT)
+    assert not reached_end
+    final = await b.get_run("early-bird")
+    assert final is not None and final.status is RunStatus.CANCELLED
