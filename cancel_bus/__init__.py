@@ -14,7 +14,7 @@ from ._errors import (
     RunNotFound,
     SessionBusy,
 )
-from ._keys import ID_PATTERN, MAX_ID_LENGTH
+from ._keys import ID_PATTERN, MAX_ID_LENGTH, acl_rules
 from ._run import RunHandle
 from ._types import (
     BusStats,
@@ -55,4 +55,5 @@ __all__ = [
     "RunStatus",
     "SessionBusy",
     "__version__",
+    "acl_rules",
 ]

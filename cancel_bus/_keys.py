@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from ._errors import InvalidId
+from ._errors import InvalidArgument, InvalidId
 
 MAX_ID_LENGTH = 200
 ID_PATTERN = r"^[A-Za-z0-9._@+=-]+$"
@@ -62,9 +62,7 @@ class KeySpace:
     def acl_rules(self) -> str:
         """The minimal Redis ACL rules for a user of this namespace only: its keys, its channels,
         the commands the library uses. ``ACL SETUSER <name> on ><password> <rules>``."""
-        pattern = f"{self.prefix}*"
-        commands = " ".join(f"+{command}" for command in ACL_COMMANDS)
-        return f"resetkeys ~{pattern} resetchannels &{pattern} -@all {commands}"
+        return acl_rules(self.namespace)
 
     @property
     def active(self) -> str:
@@ -113,3 +111,16 @@ class KeySpace:
     def channel(self, node_id: str) -> str:
         """The node's own pub/sub channel: cancels for its runs, finishes it waits for."""
         return f"{self.prefix}chan:{node_id}"
+
+
+def acl_rules(*namespaces: str) -> str:
+    """The minimal Redis ACL rules for one user of the given namespaces (a node serving several):
+    their keys and channels side by side, then the commands the library uses, once (a second
+    ``resetkeys`` would drop the patterns before it)."""
+    if not namespaces:
+        raise InvalidArgument("acl_rules needs at least one namespace")
+    prefixes = [KeySpace(namespace).prefix for namespace in namespaces]
+    keys = " ".join(f"~{prefix}*" for prefix in prefixes)
+    channels = " ".join(f"&{prefix}*" for prefix in prefixes)
+    commands = " ".join(f"+{command}" for command in ACL_COMMANDS)
+    return f"resetkeys {keys} resetchannels {channels} -@all {commands}"

@@ -24,7 +24,7 @@ import uvicorn
 from rich.console import Console
 from rich.table import Table
 
-from cancel_bus import __version__
+from cancel_bus import InvalidArgument, __version__, acl_rules
 
 DEFAULT_URL = "http://127.0.0.1:8080"
 EXIT_ERROR, EXIT_NOT_FOUND, EXIT_FINISHED = 1, 2, 3
@@ -346,6 +346,14 @@ def nodes(args: argparse.Namespace) -> int:
     return 0
 
 
+def print_acl_rules(args: argparse.Namespace) -> int:
+    try:
+        print(acl_rules(*args.namespaces))
+    except InvalidArgument as exc:
+        raise CliError(str(exc)) from None
+    return 0
+
+
 def _shorten(text: str, limit: int = 120) -> str:
     return text if len(text) <= limit else text[:limit] + f"… ({len(text)} chars)"
 
@@ -404,6 +412,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = commands.add_parser("nodes", parents=[client], help="the live nodes")
     p.set_defaults(func=nodes)
+
+    p = commands.add_parser(
+        "acl-rules", help="the Redis ACL rules of a user for these namespaces (and nothing else)"
+    )
+    p.add_argument("namespaces", nargs="+", metavar="NAMESPACE")
+    p.set_defaults(func=print_acl_rules)
     return parser
 
 

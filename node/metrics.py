@@ -42,7 +42,8 @@ _BUS_COUNTERS = {
 
 
 class _BusCollector(Collector):
-    """Reads the buses' counters at scrape time, one series per namespace."""
+    """Reads the buses' counters at scrape time, one series per namespace (label
+    ``bus_namespace``: Prometheus keeps ``namespace`` for the Kubernetes one)."""
 
     def __init__(self, buses: Mapping[str, CancelBus]) -> None:
         self._buses = buses
@@ -50,21 +51,21 @@ class _BusCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         families: list[GaugeMetricFamily | CounterMetricFamily] = [
             GaugeMetricFamily(
-                "cancel_bus_active_runs", "Runs executing on this node", labels=["namespace"]
+                "cancel_bus_active_runs", "Runs executing on this node", labels=["bus_namespace"]
             ),
             GaugeMetricFamily(
                 "cancel_bus_ready",
                 "1 if the node holds its lease and listens",
-                labels=["namespace"],
+                labels=["bus_namespace"],
             ),
             CounterMetricFamily(
                 "cancel_bus_pubsub_reconnects",
                 "Reconnects of the subscriber connection",
-                labels=["namespace"],
+                labels=["bus_namespace"],
             ),
         ]
         counters = {
-            name: CounterMetricFamily(f"cancel_bus_{name}", help_text, labels=["namespace"])
+            name: CounterMetricFamily(f"cancel_bus_{name}", help_text, labels=["bus_namespace"])
             for name, help_text in _BUS_COUNTERS.items()
         }
         for namespace, bus in self._buses.items():

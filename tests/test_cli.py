@@ -104,3 +104,14 @@ def test_demo_shows_a_cross_node_cancel() -> None:
     assert result.returncode == 0, result.stderr
     assert "HTTP 200 cancelled" in result.stdout
     assert "delivered" in result.stdout and "dashboards:" in result.stdout
+
+
+def test_acl_rules_of_several_namespaces() -> None:
+    result = cli("acl-rules", "tenant-a", "tenant-b")
+    assert result.returncode == 0
+    rules = result.stdout.split()
+    assert rules.count("resetkeys") == 1 and rules.count("resetchannels") == 1
+    assert "~cb:{tenant-a}:*" in rules and "&cb:{tenant-b}:*" in rules
+    assert rules.index("~cb:{tenant-b}:*") < rules.index("resetchannels")
+    bad = cli("acl-rules", "a b")
+    assert bad.returncode == 1 and "invalid namespace" in bad.stderr

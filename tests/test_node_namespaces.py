@@ -44,7 +44,7 @@ def test_apps_live_in_their_own_namespaces(redis_server: EmbeddedServer, tmp_pat
             by_session = client.post("/v1/sessions/chat/u/s/cancel", json={"timeout": 10})
             assert by_id.json()["outcome"] == by_session.json()["outcome"] == "cancelled"
             metrics = client.get("/metrics").text
-        assert f'cancel_bus_ready{{namespace="{billing}"}} 1.0' in metrics
-        assert f'cancel_bus_ready{{namespace="{cluster.namespace}"}} 1.0' in metrics
+        assert f'cancel_bus_ready{{bus_namespace="{billing}"}} 1.0' in metrics
+        assert f'cancel_bus_ready{{bus_namespace="{cluster.namespace}"}} 1.0' in metrics
     finally:
         cluster.stop()

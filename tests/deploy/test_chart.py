@@ -10,11 +10,13 @@ import typing
 from pathlib import Path
 from typing import Any
 from unittest import mock
+from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit
 
 import pytest
 import yaml
 
-from node import health
+from cancel_bus._redis import connect
+from node import cli, health
 from node.app import create_app
 from node.settings import ENV_PREFIX, Settings
 
@@ -35,18 +37,51 @@ from .kubelet import LocalPod, configmaps_of, secrets_of
 
 DEFAULTS: dict[str, Any] = yaml.safe_load((CHART / "values.yaml").read_text())
 SETTINGS_ENV = {ENV_PREFIX + name.upper() for name in Settings.model_fields}
-SECRET_ENV = {"CANCEL_BUS_API_TOKENS", "CANCEL_BUS_SIGNING_KEY", "REDIS_PASSWORD", "REDIS_USERNAME"}
+SECRET_ENV = {
+    "CANCEL_BUS_API_TOKENS",
+    "CANCEL_BUS_SIGNING_KEY",
+    "CANCEL_BUS_REDIS_PASSWORD",
+    "CANCEL_BUS_REDIS_SENTINEL_PASSWORD",
+}
 TOKENS = [
     {"token": "ops-token-4f1c9a7e2b6d0835", "role": "ops", "name": "on-call"},
     {"token": "alice-token-9d2e7b4a1c6f3058", "role": "user", "userId": "alice"},
 ]
-INLINE_PASSWORD = "inline-redis-password-7c3e91"
+# Passwords need not be URL-safe any more: the node URL-encodes them itself.
+INLINE_PASSWORD = "inline/redis:p@ss#7c3e91?%+ &"
+PASSWORD = "P@ss/w:rd?#%+ 1"  # in the user's own Secret
+USER = "cancel-bus@checkout"
+SENTINEL_PASSWORD = "sentinel/:@?#%+& 0f6c2b9a"  # the node URL-encodes it too
+SENTINEL_USER = "sentinel&user"
 SENTINELS = ["sentinel-0.sentinel:26379", "sentinel-1.sentinel:26379", "sentinel-2.sentinel:26379"]
 SHARDS = ["redis-0.redis:6379", "redis-1.redis:6379", "redis-2.redis:6379"]
+CA_QUERY = "ssl_ca_certs=/etc/cancel-bus/redis-tls/ca.crt"
 
-# name -> (values, the CANCEL_BUS_REDIS_URL they render, kubelet-expanded with REDIS_* = U/P)
-VALUE_SETS: dict[str, tuple[dict[str, Any], str | None]] = {
-    "defaults": ({}, "redis://redis:6379/0"),
+
+def _with_credentials(url: str, user: str, password: str) -> str:
+    scheme, rest = url.split("://", 1)
+    return f"{scheme}://{quote(user, safe='')}:{quote(password, safe='')}@{rest}"
+
+
+EXTERNAL_URL = (
+    f"rediss://redis.prod.internal:6380/2?{CA_QUERY}&ssl_certfile=/etc/cancel-bus/redis-tls/"
+    "tls.crt&ssl_keyfile=/etc/cancel-bus/redis-tls/tls.key&ssl_cert_reqs=required"
+)
+SENTINEL_URL = (
+    "rediss+sentinel://" + ",".join(SENTINELS) + f"/mymaster/1?{CA_QUERY}&ssl_cert_reqs=required"
+    "&ssl_check_hostname=false"
+)
+SENTINEL_CREDENTIALS = urlencode(
+    {"sentinel_username": SENTINEL_USER, "sentinel_password": SENTINEL_PASSWORD}
+)
+CLUSTER_URL = "rediss+cluster://" + ",".join(SHARDS) + "?ssl_cert_reqs=required"
+APP_NAMESPACES = {"support": "support-agents", "search": "search-agents"}
+
+
+# name -> (values, the CANCEL_BUS_REDIS_URL they render, kubelet-expanded, and the URL the node
+# connects with: settings.redis_connection_url(), credentials URL-encoded by the node)
+VALUE_SETS: dict[str, tuple[dict[str, Any], str | None, str | None]] = {
+    "defaults": ({}, "redis://redis:6379/0", "redis://redis:6379/0"),
     "external-tls-acl-existing-secrets": (
         {
             "redis": {
@@ -66,26 +101,38 @@ VALUE_SETS: dict[str, tuple[dict[str, Any], str | None]] = {
             "auth": {"existingSecret": "cancel-bus-tokens"},
             "signingKey": {"existingSecret": "cancel-bus-signing"},
         },
-        "rediss://U:P@redis.prod.internal:6380/2?ssl_ca_certs=/etc/cancel-bus/redis-tls/ca.crt"
-        "&ssl_certfile=/etc/cancel-bus/redis-tls/tls.crt&ssl_keyfile=/etc/cancel-bus/redis-tls/"
-        "tls.key&ssl_cert_reqs=required",
+        EXTERNAL_URL,
+        _with_credentials(EXTERNAL_URL, USER, PASSWORD),
     ),
     "sentinel": (
         {
             "redis": {
                 "mode": "sentinel",
-                "sentinel": {"masterName": "mymaster", "addresses": SENTINELS, "db": 1},
+                "sentinel": {
+                    "masterName": "mymaster",
+                    "addresses": SENTINELS,
+                    "db": 1,
+                    "auth": {"username": SENTINEL_USER, "existingSecret": "sentinel-credentials"},
+                },
                 "auth": {"username": "cancel-bus", "existingSecret": "redis-credentials"},
+                # typed as redis-py types it, for the sentinels as for Redis
                 "tls": {"enabled": True, "existingSecret": "redis-tls", "checkHostname": False},
             }
         },
-        "rediss+sentinel://cancel-bus:P@" + ",".join(SENTINELS) + "/mymaster/1"
-        "?ssl_ca_certs=/etc/cancel-bus/redis-tls/ca.crt&ssl_cert_reqs=required"
-        "&ssl_check_hostname=false",
+        SENTINEL_URL,
+        _with_credentials(SENTINEL_URL, "cancel-bus", PASSWORD) + "&" + SENTINEL_CREDENTIALS,
     ),
     "cluster": (
-        {"redis": {"mode": "cluster", "cluster": {"addresses": SHARDS}}},
-        "redis+cluster://" + ",".join(SHARDS),
+        {
+            "redis": {
+                "mode": "cluster",
+                "cluster": {"addresses": SHARDS},
+                "tls": {"enabled": True, "checkHostname": False},  # the system CAs
+            },
+            "config": {"appNamespaces": APP_NAMESPACES},  # one node, three namespaces
+        },
+        CLUSTER_URL + "&ssl_check_hostname=false",
+        CLUSTER_URL + "&ssl_check_hostname=false",
     ),
     "auth-on": (
         {
@@ -93,7 +140,8 @@ VALUE_SETS: dict[str, tuple[dict[str, Any], str | None]] = {
             "redis": {"url": "redis://redis.data:6379/0", "auth": {"password": INLINE_PASSWORD}},
             "config": {"retention": 1_000_000, "maxBodyBytes": 1_048_576, "drainTimeout": 30.5},
         },
-        f"redis://:{INLINE_PASSWORD}@redis.data:6379/0",
+        "redis://redis.data:6379/0",
+        f"redis://:{quote(INLINE_PASSWORD, safe='')}@redis.data:6379/0",
     ),
     "hpa-servicemonitor-networkpolicy-ingress": (
         {
@@ -109,34 +157,39 @@ VALUE_SETS: dict[str, tuple[dict[str, Any], str | None]] = {
             "redis": {"url": "redis://redis.data:6380/0"},
         },
         "redis://redis.data:6380/0",
+        "redis://redis.data:6380/0",
     ),
     "in-chart-redis": (
         {
             "redis": {"inChart": {"enabled": True, "persistence": {"enabled": True}}},
             "networkPolicy": {"enabled": True},
         },
+        "redis://cb-cancel-bus-redis:6379/0",
         None,  # the generated password: checked by its own test
     ),
     "url-from-secret": (
         {
             "redis": {
                 "urlFromSecret": {"name": "redis-url", "key": "url"},
+                "auth": {"existingSecret": "redis-credentials", "passwordKey": "password"},
                 "tls": {"enabled": True, "existingSecret": "redis-tls"},
             },
             "preStopSleepSeconds": 0,
             "terminationGracePeriodSeconds": 120,
         },
-        "rediss://from-the-secret",
+        "rediss://from-the-secret:6380/0",
+        f"rediss://:{quote(PASSWORD, safe='')}@from-the-secret:6380/0",
     ),
 }
 REDIS_PORTS = {"hpa-servicemonitor-networkpolicy-ingress": {6380}, "in-chart-redis": {6379}}
 # Secrets the value sets name but do not create (the user's own), with test contents.
 EXISTING_SECRETS = {
-    "redis-credentials": {"username": "U", "password": "P", "redis-password": "P"},
+    "redis-credentials": {"username": USER, "password": PASSWORD, "redis-password": PASSWORD},
+    "sentinel-credentials": {"sentinel-password": SENTINEL_PASSWORD},
     "redis-tls": {"ca.crt": "CA", "tls.crt": "CERT", "tls.key": "KEY"},
     "cancel-bus-tokens": {"api-tokens": json.dumps({t["token"]: {"role": "ops"} for t in TOKENS})},
     "cancel-bus-signing": {"signing-key": "a-signing-key-from-an-existing-secret"},
-    "redis-url": {"url": "rediss://from-the-secret"},
+    "redis-url": {"url": "rediss://from-the-secret:6380/0"},
 }
 
 REJECTED: dict[str, tuple[dict[str, Any], str]] = {
@@ -184,8 +237,29 @@ REJECTED: dict[str, tuple[dict[str, Any], str]] = {
     ),
     "no tokens at all": ({"auth": {"generateOpsToken": False}}, "no API tokens"),
     "grace period shorter than the drain": (
-        {"terminationGracePeriodSeconds": 30},
+        {"terminationGracePeriodSeconds": 20},
         "terminationGracePeriodSeconds",
+    ),
+    "sentinel user without a sentinel password": (
+        {
+            "redis": {
+                "mode": "sentinel",
+                "sentinel": {"addresses": SENTINELS, "auth": {"username": "sentinel"}},
+            }
+        },
+        "existingSecret",
+    ),
+    "app namespace that is not an id": (
+        {"config": {"appNamespaces": {"support": "support agents"}}},
+        "appNamespaces",
+    ),
+    "app name that is not an id": (
+        {"config": {"appNamespaces": {"sup:port": "support-agents"}}},
+        "'sup:port'",
+    ),
+    "app namespaces as a JSON string": (
+        {"config": {"appNamespaces": json.dumps(APP_NAMESPACES)}},
+        "appNamespaces",
     ),
     "startup probe shorter than a lease": (
         {"probes": {"startup": {"failureThreshold": 5}}},
@@ -309,8 +383,8 @@ def test_every_variable_is_a_setting_the_app_reads(
     names = set(node_config(docs)) | {var["name"] for var in container["env"]}
     ours = {n for n in names if n.startswith(ENV_PREFIX)}
     assert ours <= SETTINGS_ENV, f"not read by node.settings.Settings: {ours - SETTINGS_ENV}"
-    assert names - ours <= {"REDIS_USERNAME", "REDIS_PASSWORD"}  # only for $(VAR) expansion
-    assert "CANCEL_BUS_NODE_ID" in names and "CANCEL_BUS_REDIS_URL" in names
+    assert names == ours, f"not a setting: {names - ours}"
+    assert {"CANCEL_BUS_NODE_ID", "CANCEL_BUS_REDIS_URL", "CANCEL_BUS_APP_NAMESPACES"} <= names
     # the values, resolved as the kubelet would, make a valid Settings (numbers formatted right)
     env = local_pod(docs, tmp_path).env()
     with mock.patch.dict(os.environ, env, clear=True):
@@ -323,21 +397,102 @@ def test_every_variable_is_a_setting_the_app_reads(
     assert settings.retention == values["config"]["retention"]
     assert settings.max_body_bytes == values["config"]["maxBodyBytes"]
     assert (settings.signing_key is not None) == values["signingKey"]["enabled"]
-    expected_url = VALUE_SETS[name][1]
-    if expected_url is not None:
-        assert env["CANCEL_BUS_REDIS_URL"] == expected_url
+    assert settings.namespace == values["config"]["namespace"]
+    assert settings.app_namespaces == values["config"]["appNamespaces"]
+    _, expected_url, expected_connection = VALUE_SETS[name]
+    assert env["CANCEL_BUS_REDIS_URL"] == expected_url
+    assert "@" not in urlsplit(expected_url or "").netloc  # credentials come separately
+    assert "sentinel_" not in (expected_url or "")  # and the sentinels' too
+    for secret in (PASSWORD, INLINE_PASSWORD, SENTINEL_PASSWORD):
+        assert secret not in env["CANCEL_BUS_REDIS_URL"]
+        assert quote(secret, safe="") not in env["CANCEL_BUS_REDIS_URL"]
+    if expected_connection is None:
+        return
+    connection = settings.redis_connection_url()
+    assert connection is not None and url_parts(connection) == url_parts(expected_connection)
+    # the app's own URL parser takes it, and hands each part to the right connection
+    client: Any = connect(connection, client_name="chart-test").client
+    pools = client.nodes_manager if name == "cluster" else client.connection_pool
+    kwargs = pools.connection_kwargs
+    auth = values["redis"]["auth"]
+    if auth["existingSecret"] or auth["password"]:
+        assert kwargs["password"] in (PASSWORD, INLINE_PASSWORD)  # decoded as it was
+    if name == "sentinel":
+        assert kwargs["username"] == "cancel-bus" and kwargs["db"] == 1
+        assert kwargs["ssl_ca_certs"] == "/etc/cancel-bus/redis-tls/ca.crt"
+        assert kwargs["ssl_check_hostname"] is False  # a bool, not the text "false"
+        for sentinel in client.connection_pool.sentinel_manager.sentinels:
+            sentinel_kwargs = sentinel.connection_pool.connection_kwargs
+            assert sentinel_kwargs["username"] == SENTINEL_USER
+            assert sentinel_kwargs["password"] == SENTINEL_PASSWORD  # decoded as it was
+            # the TLS options reach the sentinel connections too
+            assert sentinel.connection_pool.connection_class.__name__ == "SSLConnection"
+            for option in ("ssl_ca_certs", "ssl_cert_reqs", "ssl_check_hostname"):
+                assert sentinel_kwargs[option] == kwargs[option], option
+    if name == "cluster":
+        assert kwargs["connection_class"].__name__ == "SSLConnection"
+        assert kwargs["ssl_check_hostname"] is False
 
 
-def test_grace_period_covers_prestop_and_drain(rendered: tuple[str, list[Doc]]) -> None:
+def url_parts(url: str) -> tuple[Any, ...]:
+    """What a URL says once parsed: scheme, user and password decoded, hosts, path, query pairs
+    decoded (in any order). A value that was not encoded right parses differently."""
+    parts = urlsplit(url)
+    user = unquote(parts.username) if parts.username is not None else None
+    password = unquote(parts.password) if parts.password is not None else None
+    hosts = parts.netloc.rpartition("@")[2]
+    return parts.scheme, user, password, hosts, parts.path, sorted(parse_qsl(parts.query))
+
+
+def uvicorn_shutdown_seconds() -> float:
+    """The graceful-shutdown timeout ``cancel-bus serve`` gives uvicorn (after the drain), read
+    from the config it builds (the server is not run)."""
+    seen: list[Any] = []
+    real = cli.uvicorn.Config
+
+    def config(*args: Any, **kwargs: Any) -> Any:
+        seen.append(real(*args, **kwargs))
+        return seen[-1]
+
+    env = {"CANCEL_BUS_REDIS_URL": "redis://unused:6379/0"}
+    with (
+        mock.patch.dict(os.environ, env, clear=True),
+        mock.patch.object(cli.uvicorn, "Config", config),
+        mock.patch.object(cli.DrainingServer, "run"),
+    ):
+        assert cli.main(["serve"]) == 0
+    (used,) = seen
+    assert used.timeout_graceful_shutdown is not None
+    return float(used.timeout_graceful_shutdown)
+
+
+MIN_MARGIN = 5  # cancelling and recording the runs left after the drain timeout, leaving
+
+
+def test_grace_period_covers_prestop_drain_and_shutdown(rendered: tuple[str, list[Doc]]) -> None:
     _, docs = rendered
     spec = one(docs, "Deployment")["spec"]["template"]["spec"]
     container = node_container(docs)
     drain = float(node_config(docs)["CANCEL_BUS_DRAIN_TIMEOUT"])
     pre_stop = container.get("lifecycle", {}).get("preStop", {}).get("sleep", {}).get("seconds", 0)
     grace = spec["terminationGracePeriodSeconds"]
-    assert grace > drain
-    # uvicorn then waits up to drain + 5 s for open connections (SSE) before it exits
-    assert grace > pre_stop + drain + (drain + 5)
+    # SIGTERM after the preStop; the drain (it ends the follow streams at once); then uvicorn
+    # gives the connections still open a fixed time; then a margin
+    assert grace >= pre_stop + drain + uvicorn_shutdown_seconds() + MIN_MARGIN
+
+
+def test_grace_period_check_follows_the_app(helm: Path) -> None:
+    """Defaults: preStop 5 + drain 20 + uvicorn's shutdown + margin; the template refuses one
+    second less than the minimum, and no longer asks for twice the drain."""
+    budget = 5 + 20 + uvicorn_shutdown_seconds()
+    minimum = int(budget) + MIN_MARGIN
+    spec = one(template({}, kube_version=CURRENT_KUBE), "Deployment")["spec"]["template"]["spec"]
+    assert spec["terminationGracePeriodSeconds"] == int(budget) + 10  # the default margin
+    values = {"terminationGracePeriodSeconds": minimum}
+    assert render(values, kube_version=CURRENT_KUBE).returncode == 0
+    short = render({"terminationGracePeriodSeconds": minimum - 1}, kube_version=CURRENT_KUBE)
+    assert short.returncode != 0 and f"= {minimum}," in short.stderr, short.stderr
+    assert minimum < 5 + 20 + 20  # the old rule (preStop + drain + drain + 5) is gone
 
 
 def test_secrets_only_through_secret_refs(rendered: tuple[str, list[Doc]]) -> None:
@@ -368,9 +523,10 @@ def test_secrets_only_through_secret_refs(rendered: tuple[str, list[Doc]]) -> No
                 if ref and ref["name"] in known:  # the chart's own Secret has the key
                     assert ref["key"] in secrets_of(docs)[ref["name"]], ref
                 if var["name"] == "CANCEL_BUS_REDIS_URL" and "value" in var:
-                    userinfo = re.match(r"[^:]+://([^@/]*)@", var["value"])
-                    if userinfo and ":" in userinfo.group(1):
-                        assert userinfo.group(1).endswith(":$(REDIS_PASSWORD)"), var["value"]
+                    url = var["value"]
+                    assert "@" not in urlsplit(url).netloc, url  # no credentials in the URL
+                    # nor the sentinels': they have settings of their own now
+                    assert "$(" not in url and "sentinel_" not in url, url
 
 
 def test_pod_shape(rendered: tuple[str, list[Doc]]) -> None:
@@ -450,8 +606,10 @@ def test_in_chart_redis_is_marked_and_wired(helm: Path, tmp_path: Path) -> None:
     assert "not-for-production" in json.dumps(redis["metadata"]["annotations"])
     env = local_pod(docs, tmp_path).env()
     password = secrets_of(docs)["cb-cancel-bus"]["redis-password"]
-    assert re.fullmatch(r"[A-Za-z0-9]{32}", password)  # URL-safe
-    assert env["CANCEL_BUS_REDIS_URL"] == f"redis://:{password}@cb-cancel-bus-redis:6379/0"
+    assert re.fullmatch(r"[A-Za-z0-9]{32}", password)  # safe in the server's config file
+    assert env["CANCEL_BUS_REDIS_URL"] == "redis://cb-cancel-bus-redis:6379/0"
+    assert env["CANCEL_BUS_REDIS_PASSWORD"] == password
+    assert "CANCEL_BUS_REDIS_USERNAME" not in env  # the default user
     args = redis["spec"]["template"]["spec"]["containers"][0]["args"][0]
     assert "requirepass ${REDIS_PASSWORD}" in args and password not in args  # from stdin
     assert one(docs, "Service", "cb-cancel-bus-redis")["spec"]["clusterIP"] == "None"
@@ -518,21 +676,36 @@ def test_schema_is_as_strict_as_the_settings_model() -> None:
         field_name = re.sub(r"([A-Z])", r"_\1", key).lower()
         assert field_name in Settings.model_fields, f"config.{key} is not a setting"
         info = Settings.model_fields[field_name]
-        bounds: dict[str, Any] = {}
-        for item in info.metadata:
-            for attr in ("ge", "le", "max_length", "pattern"):
-                if getattr(item, attr, None) is not None:
-                    bounds[attr] = getattr(item, attr)
-        if "ge" in bounds:
-            assert rule["minimum"] >= bounds["ge"], key
-        if "le" in bounds:
-            assert rule["maximum"] <= bounds["le"], key
-        if "max_length" in bounds:
-            assert rule["maxLength"] <= bounds["max_length"], key
-        if "pattern" in bounds:
-            assert rule["pattern"] == bounds["pattern"], key
+        _check_bounds(rule, info.metadata, key)
         if typing.get_origin(info.annotation) is typing.Literal:
             assert set(rule["enum"]) == set(typing.get_args(info.annotation)), key
+        if typing.get_origin(info.annotation) is dict:  # config.appNamespaces: id -> id
+            key_type, value_type = typing.get_args(info.annotation)
+            assert rule["type"] == "object", key
+            for part, annotated in (
+                (rule["propertyNames"], key_type),
+                (rule["additionalProperties"], value_type),
+            ):
+                constraints = typing.get_args(annotated)[1:]
+                assert constraints, f"{key}: the setting's ids are not constrained"
+                assert part["type"] == "string" and part["minLength"] >= 1, key
+                _check_bounds(part, constraints, key)
+
+
+def _check_bounds(rule: dict[str, Any], metadata: Any, key: str) -> None:
+    bounds: dict[str, Any] = {}
+    for item in metadata:
+        for attr in ("ge", "le", "max_length", "pattern"):
+            if getattr(item, attr, None) is not None:
+                bounds[attr] = getattr(item, attr)
+    if "ge" in bounds:
+        assert rule["minimum"] >= bounds["ge"], key
+    if "le" in bounds:
+        assert rule["maximum"] <= bounds["le"], key
+    if "max_length" in bounds:
+        assert rule["maxLength"] <= bounds["max_length"], key
+    if "pattern" in bounds:
+        assert rule["pattern"] == bounds["pattern"], key
 
 
 def test_notes_tell_how_to_reach_cancel_and_list(helm: Path) -> None:
@@ -548,4 +721,9 @@ def test_notes_tell_how_to_reach_cancel_and_list(helm: Path) -> None:
     assert "/v1/runs/RUN_ID/cancel" in text and "status=active" in text
     assert "jsonpath='{.data.ops-token}'" in text
     assert "NOT FOR PRODUCTION" in notes(VALUE_SETS["in-chart-redis"][0])
-    assert "issue 8" in notes(VALUE_SETS["sentinel"][0])
+    sentinel = notes(VALUE_SETS["sentinel"][0])  # TLS reaches the sentinels: no caveat left
+    assert "WARNING" not in sentinel and "checkHostname" not in sentinel
+    cluster = notes(VALUE_SETS["cluster"][0])
+    assert "WARNING" not in cluster
+    for app, namespace in APP_NAMESPACES.items():
+        assert f'{app} -> "{namespace}"' in cluster

@@ -1,9 +1,12 @@
 """Run what the chart renders: the Deployment's container (command, args, env with the downward
 API and Secret refs resolved) as 3 local pods on a real Redis with an ACL user, probed like the
-kubelet; a cross-node cancel; then a pod deleted as Kubernetes would, inside its grace period."""
+kubelet; a cross-node cancel; then a pod deleted as Kubernetes would, inside its grace period. The
+same on a Sentinel group (passwords for Redis and for the sentinels; then TLS with a private CA) and
+on a Redis Cluster (two namespaces on two shards, one ACL user for both)."""
 
 from __future__ import annotations
 
+import contextlib
 import re
 import secrets
 import shutil
@@ -17,19 +20,26 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 import pytest
 import redis
 
+from cancel_bus import acl_rules
 from cancel_bus._keys import KeySpace
-from node.embedded import EmbeddedServer, free_port, server_binary
+from node.embedded import EmbeddedServer, ServerError, free_port, server_binary
 
+from ..topology import SERVICE, Cluster, SentinelServer
 from .helm import CURRENT_KUBE, Doc, one, template
 from .kubelet import LocalPod, configmaps_of, sandbox_available, secrets_of
 
 DRAIN = 2.0
 PRE_STOP = 1
+UVICORN_SHUTDOWN = 5  # node/cli.py; tests/deploy/test_chart.py reads it from the app
+# A password no URL could hold as is: the node URL-encodes CANCEL_BUS_REDIS_PASSWORD and
+# CANCEL_BUS_REDIS_SENTINEL_PASSWORD itself.
+AWKWARD = "/:@?#%+& "
 
 
 def _pods(docs: list[Doc], existing: dict[str, dict[str, str]], tmp_path: Path) -> list[LocalPod]:
@@ -70,13 +80,24 @@ def _start(pod: LocalPod) -> None:
 def acl_user(redis_server: EmbeddedServer) -> Iterator[tuple[str, str, str]]:
     """A Redis ACL user confined to one cancel-bus namespace (its keys, channels, commands)."""
     namespace = f"deploy-{uuid.uuid4().hex[:8]}"
-    user, password = f"cb-{namespace}", secrets.token_hex(16)  # URL-safe, as the docs ask
+    user, password = f"cb-{namespace}", secrets.token_hex(16) + AWKWARD
     client = redis.Redis(port=redis_server.port)
     rules = KeySpace(namespace).acl_rules().split()
     client.execute_command("ACL", "SETUSER", user, "on", f">{password}", *rules)
     yield namespace, user, password
     client.execute_command("ACL", "DELUSER", user)
     client.close()
+
+
+def _acl_user(servers: list[EmbeddedServer], *namespaces: str) -> tuple[str, str]:
+    """The namespaces' ACL user on each server (ACLs are per server: neither replication nor
+    the cluster bus carries them)."""
+    user, password = f"cb-{namespaces[0]}", secrets.token_hex(16) + AWKWARD
+    rules = acl_rules(*namespaces).split()
+    for server in servers:
+        with redis.Redis(port=server.port) as client:
+            client.execute_command("ACL", "SETUSER", user, "on", f">{password}", *rules)
+    return user, password
 
 
 def test_rendered_pods_cancel_across_nodes_and_drain_inside_the_grace_period(
@@ -103,6 +124,7 @@ def test_rendered_pods_cancel_across_nodes_and_drain_inside_the_grace_period(
     existing = {"redis-acl": {"user": user, "pw": password}}
     pods = _pods(docs, existing, tmp_path)
     assert len(pods) == 3
+    assert password not in pods[0].env()["CANCEL_BUS_REDIS_URL"]  # the node puts it in itself
     try:
         for pod in pods:
             _start(pod)
@@ -132,22 +154,7 @@ def test_rendered_pods_cancel_across_nodes_and_drain_inside_the_grace_period(
 
         # delete a pod holding a run, with a client following another node's run through it
         kept = _start_run(leaving, as_alice, "s2")
-        followed = _start_run(first, as_alice, "s3")
-        following = threading.Event()
-        follower = threading.Thread(
-            target=_follow, args=(leaving, followed, as_ops, following), daemon=True
-        )
-        follower.start()
-        assert following.wait(10), "the follower did not connect"
-        grace = leaving.spec["terminationGracePeriodSeconds"]
-        elapsed, code = leaving.terminate(on_sigterm=lambda: _drains(leaving, as_alice))
-        log = leaving.log_path.read_text()
-        # uvicorn re-raises the SIGTERM it handled once it has shut down: exit 143 (-15 here)
-        assert code in (0, -signal.SIGTERM) and "Finished server process" in log, log[-3000:]
-        assert elapsed < grace, f"exited {elapsed:.1f}s after deletion, grace {grace}s"
-        assert elapsed >= PRE_STOP + DRAIN * 0.9  # it served, then gave its run the drain
-        follower.join(10)
-        assert not follower.is_alive()  # the stream through the leaving pod was closed
+        _delete_while_following(leaving, _start_run(first, as_alice, "s3"), as_ops, as_alice)
         cut = httpx.get(f"{first.url}/v1/runs/{kept['run_id']}", headers=as_ops).json()
         assert cut["status"] == "cancelled" and cut["cancel_reason"] == "node_shutdown"
         assert cut["output"]  # partial output kept
@@ -155,6 +162,280 @@ def test_rendered_pods_cancel_across_nodes_and_drain_inside_the_grace_period(
         assert leaving.name not in {n["node_id"] for n in nodes}
     finally:
         _stop(pods)
+
+
+def _delete_while_following(
+    leaving: LocalPod, followed: dict[str, Any], as_ops: dict[str, str], as_alice: dict[str, str]
+) -> None:
+    """Delete ``leaving`` as the kubelet does while a client follows ``followed`` (a run of
+    another node) through it: it exits inside its grace period, without waiting on uvicorn."""
+    follower = _Follower(leaving, followed, as_ops)
+    follower.start()
+    assert follower.connected.wait(10), "the follower did not connect"
+    grace = leaving.spec["terminationGracePeriodSeconds"]
+    sigterm: list[float] = []
+
+    def on_sigterm() -> None:
+        sigterm.append(time.monotonic())
+        _drains(leaving, as_alice)
+
+    elapsed, code = leaving.terminate(on_sigterm=on_sigterm)
+    log = leaving.log_path.read_text()
+    # uvicorn re-raises the SIGTERM it handled once it has shut down: exit 143 (-15 here)
+    assert code in (0, -signal.SIGTERM) and "Finished server process" in log, log[-3000:]
+    assert elapsed < grace, f"exited {elapsed:.1f}s after deletion, grace {grace}s"
+    assert elapsed >= PRE_STOP + DRAIN * 0.9  # it served, then gave its run the drain
+    # the drain ended the follow stream at once (node.draining: follow it elsewhere), so
+    # uvicorn's shutdown timeout had nothing to wait for
+    follower.join(10)
+    assert not follower.is_alive() and follower.events[-1] == "node.draining", follower.events
+    assert follower.ended_at - sigterm[0] < DRAIN, "the stream lasted into the drain"
+    assert elapsed < PRE_STOP + DRAIN + UVICORN_SHUTDOWN, f"{elapsed:.1f}s: waited on uvicorn"
+
+
+def _ping(port: int, tls: ssl.SSLContext | None = None) -> bytes:
+    """The first bytes of the answer to an unauthenticated PING ('' if nothing answers)."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5) as raw:
+            sock = tls.wrap_socket(raw, server_hostname="127.0.0.1") if tls else raw
+            with sock:
+                sock.sendall(b"PING\r\n")
+                return sock.recv(64)
+    except OSError:
+        return b""
+
+
+class _LockedSentinel(SentinelServer):
+    """A sentinel with its own password (requirepass): up once it asks a client for it (over
+    TLS with ``tls``)."""
+
+    tls: ssl.SSLContext | None = None
+
+    def ping(self) -> bool:
+        return _ping(self.port, self.tls).startswith(b"-NOAUTH")
+
+
+def _locked_sentinel(
+    directory: Path, primary: EmbeddedServer, password: str, tls: dict[str, Any] | None = None
+) -> _LockedSentinel:
+    """One sentinel watching ``primary`` (quorum 1: enough to find the primary; failover is
+    tests/test_topologies.py's), wanting ``password``; TLS only, with ``tls`` (see _tls_args)."""
+    port = free_port()
+    lines = [f"port {0 if tls else port}", "bind 127.0.0.1", f"dir {directory}"]
+    if tls:
+        lines += [f"{name} {value}" for name, value in _tls_args(port, tls["pki"]).items()]
+        lines.append("tls-replication yes")  # the sentinel reaches the primary over TLS too
+    lines += [
+        f'requirepass "{password}"',  # quoted: the password holds a space
+        f"sentinel monitor {SERVICE} 127.0.0.1 {primary.port} 1",
+    ]
+    conf = directory / "sentinel.conf"
+    conf.write_text("\n".join(lines) + "\n")
+    sentinel = _LockedSentinel(conf, port=port, data_dir=directory / "sentinel")
+    sentinel.tls = tls["context"] if tls else None
+    # up only once it answers an unauthenticated PING with NOAUTH: it does want its password
+    sentinel.start()
+    try:
+        options = {"ssl": True, **tls["client"]} if tls else {}
+        with redis.Redis(port=port, password=password, **options) as client:
+            deadline = time.monotonic() + 10
+            while not client.sentinel_master(SERVICE).get("is_master"):
+                assert time.monotonic() < deadline, "the sentinel does not see the primary"
+                time.sleep(0.05)
+    except BaseException:
+        sentinel.cleanup()
+        raise
+    return sentinel
+
+
+@pytest.fixture
+def sentinel_group(tmp_path: Path) -> Iterator[tuple[EmbeddedServer, EmbeddedServer, str]]:
+    """A primary watched by one sentinel that wants its own password, one no URL could hold."""
+    primary = EmbeddedServer().start()
+    password = secrets.token_hex(16) + AWKWARD
+    try:
+        sentinel = _locked_sentinel(tmp_path, primary, password)
+        yield primary, sentinel, password
+        sentinel.cleanup()
+    finally:
+        primary.cleanup()
+
+
+@pytest.fixture
+def redis_cluster() -> Iterator[Cluster]:
+    cluster = Cluster(primaries=3, replicas_each=0).start()
+    yield cluster
+    cluster.cleanup()
+
+
+def _values(namespace: str, ops: str, alice: str, redis_values: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "replicaCount": 2,
+        "config": {"namespace": namespace, "drainTimeout": DRAIN},
+        "preStopSleepSeconds": PRE_STOP,
+        "auth": {
+            "tokens": [
+                {"token": ops, "role": "ops"},
+                {"token": alice, "role": "user", "userId": "alice"},
+            ],
+            "generateOpsToken": False,
+        },
+        "redis": {
+            **redis_values,
+            "auth": {"existingSecret": "redis-acl", "usernameKey": "user", "passwordKey": "pw"},
+        },
+    }
+
+
+def _cancel_across_two_pods(
+    docs: list[Doc],
+    existing: dict[str, dict[str, str]],
+    tmp_path: Path,
+    alice: str,
+    apps: tuple[str, ...] = ("app",),
+) -> list[LocalPod]:
+    """Two pods; a run of each app started on one is cancelled through the other. Returns the
+    pods (stopped)."""
+    pods = _pods(docs, existing, tmp_path)
+    try:
+        for pod in pods:
+            _start(pod)
+        for pod in pods:
+            pod.wait_ready()
+        owner, other = pods
+        headers = {"Authorization": f"Bearer {alice}"}
+        for app in apps:
+            run = _start_run(owner, headers, "s1", app=app)
+            answer = httpx.post(
+                f"{other.url}/v1/runs/{run['run_id']}/cancel",
+                headers=headers,
+                json={"reason": "user pressed stop", "timeout": 5},
+                timeout=10,
+            )
+            assert answer.status_code == 200, answer.text
+            assert answer.json()["outcome"] == "cancelled"
+            assert answer.json()["run"]["cancel_delivered_at"]  # over the bus, not the sweep
+        if len(apps) > 1:  # one bus per namespace, each with its own lease and subscription
+            metrics = httpx.get(f"{other.url}/metrics", timeout=10).text
+            ready = re.findall(r'^cancel_bus_ready\{bus_namespace="([^"]+)"\} 1\.0$', metrics, re.M)
+            assert len(ready) == len(apps), metrics
+    finally:
+        _stop(pods)
+    return pods
+
+
+def test_rendered_pods_on_sentinel_with_passwords(
+    helm: Path, sentinel_group: tuple[EmbeddedServer, EmbeddedServer, str], tmp_path: Path
+) -> None:
+    """redis.mode=sentinel: the URL finds the primary through a sentinel that wants its own
+    password (from a Secret, through CANCEL_BUS_REDIS_SENTINEL_PASSWORD); the node URL-encodes
+    it and the ACL user's password, neither URL-safe, into the URL itself. The pods can only
+    find the primary by logging in to the sentinel: a cancel across them proves they did."""
+    primary, sentinel, sentinel_password = sentinel_group
+    namespace = f"deploy-{uuid.uuid4().hex[:8]}"
+    user, password = _acl_user([primary], namespace)
+    ops, alice = secrets.token_hex(16), secrets.token_hex(16)
+    sentinel_values = {
+        "masterName": SERVICE,
+        "addresses": [f"127.0.0.1:{sentinel.port}"],
+        "auth": {"username": "default", "existingSecret": "sentinel-auth"},
+    }
+    values = _values(namespace, ops, alice, {"mode": "sentinel", "sentinel": sentinel_values})
+    docs = template(values, kube_version=CURRENT_KUBE)
+    existing = {
+        "redis-acl": {"user": user, "pw": password},
+        "sentinel-auth": {"sentinel-password": sentinel_password},
+    }
+    env = _pods(docs, existing, tmp_path)[0].env()
+    url = env["CANCEL_BUS_REDIS_URL"]
+    # the URL says where, not who: both passwords come in variables of their own
+    assert url == f"redis+sentinel://127.0.0.1:{sentinel.port}/{SERVICE}/0"
+    assert env["CANCEL_BUS_REDIS_SENTINEL_USERNAME"] == "default"
+    assert env["CANCEL_BUS_REDIS_SENTINEL_PASSWORD"] == sentinel_password
+    for secret in (sentinel_password, password):
+        assert secret not in url and quote(secret, safe="") not in url
+    _cancel_across_two_pods(docs, existing, tmp_path, alice)
+
+
+@pytest.mark.skipif(not shutil.which("openssl"), reason="openssl is needed to make certificates")
+def test_rendered_pod_on_sentinel_over_tls_with_a_private_ca(helm: Path, tmp_path: Path) -> None:
+    """rediss+sentinel:// with redis.tls: the CA of the mounted Secret and checkHostname=false
+    reach the sentinel connections as well as the Redis ones. The certificates come from a
+    private CA and name another host than the one connected to, so a pod gets ready only if
+    both options reach every connection, typed as redis-py types them."""
+    pki = _certificates(tmp_path / "pki", server_names="DNS:redis.internal")
+    tls = _tls(pki)
+    with contextlib.ExitStack() as cleanup:  # last started, first stopped
+        primary = _tls_primary(tls)
+        cleanup.callback(primary.cleanup)
+        checked = ssl.create_default_context(cafile=str(pki / "ca.crt"))  # host names checked
+        with (
+            socket.create_connection(("127.0.0.1", primary.port), timeout=5) as raw,
+            pytest.raises(ssl.SSLCertVerificationError, match=r"(Hostname|IP address) mismatch"),
+        ):
+            checked.wrap_socket(raw, server_hostname="127.0.0.1")
+        sentinel_password = secrets.token_hex(16) + AWKWARD
+        sentinel = _locked_sentinel(tmp_path, primary, sentinel_password, tls)
+        cleanup.callback(sentinel.cleanup)
+        namespace = f"deploy-{uuid.uuid4().hex[:8]}"
+        user, password = f"cb-{namespace}", secrets.token_hex(16) + AWKWARD
+        with redis.Redis(port=primary.port, ssl=True, **tls["client"]) as client:
+            rules = acl_rules(namespace).split()
+            client.execute_command("ACL", "SETUSER", user, "on", f">{password}", *rules)
+        ops, alice = secrets.token_hex(16), secrets.token_hex(16)
+        sentinel_values = {
+            "masterName": SERVICE,
+            "addresses": [f"127.0.0.1:{sentinel.port}"],
+            "auth": {"existingSecret": "sentinel-auth"},
+        }
+        redis_values = {
+            "mode": "sentinel",
+            "sentinel": sentinel_values,
+            "tls": {"enabled": True, "existingSecret": "redis-tls", "checkHostname": False},
+        }
+        values = {**_values(namespace, ops, alice, redis_values), "replicaCount": 1}
+        docs = template(values, kube_version=CURRENT_KUBE)
+        existing = {
+            "redis-acl": {"user": user, "pw": password},
+            "sentinel-auth": {"sentinel-password": sentinel_password},
+            "redis-tls": {"ca.crt": (pki / "ca.crt").read_text()},
+        }
+        (pod,) = _pods(docs, existing, tmp_path)
+        assert pod.env()["CANCEL_BUS_REDIS_URL"].startswith("rediss+sentinel://")
+        cleanup.callback(_stop, [pod])
+        _start(pod)
+        pod.wait_ready()
+        nodes = httpx.get(f"{pod.url}/v1/nodes", headers={"Authorization": f"Bearer {ops}"})
+        assert [n["node_id"] for n in nodes.json()["nodes"]] == [pod.name]
+
+
+def test_rendered_pods_serve_two_namespaces_on_a_redis_cluster(
+    helm: Path, redis_cluster: Cluster, tmp_path: Path
+) -> None:
+    """redis.mode=cluster and config.appNamespaces: app "search" in a namespace of its own, on
+    another primary than the default namespace; one ACL user with the rules of both (the form
+    docs/deploy.md gives); a run of each app is cancelled across the pods by sharded pub/sub."""
+    namespace = f"deploy-{uuid.uuid4().hex[:8]}"
+    home = redis_cluster.owner(f"{KeySpace(namespace).prefix}x")
+    search = next(
+        name
+        for name in (f"{namespace}-search-{i}" for i in range(100))
+        if redis_cluster.owner(f"{KeySpace(name).prefix}x") is not home
+    )
+    user, password = _acl_user(redis_cluster.servers, namespace, search)
+    ops, alice = secrets.token_hex(16), secrets.token_hex(16)
+    seeds = [f"127.0.0.1:{server.port}" for server in redis_cluster.primaries[:2]]
+    values = _values(namespace, ops, alice, {"mode": "cluster", "cluster": {"addresses": seeds}})
+    values["config"]["appNamespaces"] = {"search": search}
+    docs = template(values, kube_version=CURRENT_KUBE)
+    existing = {"redis-acl": {"user": user, "pw": password}}
+    _cancel_across_two_pods(docs, existing, tmp_path, alice, apps=("app", "search"))
+    # every key of a namespace lives in its hash tag's slot, on one primary: each on its own
+    for name in (namespace, search):
+        prefix = KeySpace(name).prefix
+        with redis.Redis(port=redis_cluster.owner(f"{prefix}x").port) as client:
+            keys = [key.decode() for key in client.keys(f"{prefix}*")]
+        assert any(key.startswith(f"{prefix}run:") for key in keys), (name, keys)
 
 
 def _run_helm_test_pod(docs: list[Doc], target: LocalPod, tmp_path: Path) -> None:
@@ -193,9 +474,11 @@ def test_security_context_can_be_enforced_here() -> None:
         pytest.skip("not root, or no unshare/setpriv: pods ran without a read-only root")
 
 
-def _start_run(pod: LocalPod, headers: dict[str, str], session: str) -> dict[str, Any]:
+def _start_run(
+    pod: LocalPod, headers: dict[str, str], session: str, app: str = "app"
+) -> dict[str, Any]:
     body = {
-        "app_name": "app",
+        "app_name": app,
         "user_id": "alice",
         "session_id": session,
         "agent": {"tokens": 100_000, "token_interval_ms": 10},
@@ -206,18 +489,27 @@ def _start_run(pod: LocalPod, headers: dict[str, str], session: str) -> dict[str
     return run
 
 
-def _follow(
-    pod: LocalPod, run: dict[str, Any], headers: dict[str, str], following: threading.Event
-) -> None:
+class _Follower(threading.Thread):
     """A client streaming a run through ``pod`` until the pod closes the stream."""
-    url = f"{pod.url}/v1/runs/{run['run_id']}/stream"
-    try:
-        with httpx.stream("GET", url, headers=headers, timeout=60) as stream:
-            for line in stream.iter_lines():
-                if line.startswith("event: run"):
-                    following.set()
-    except httpx.HTTPError:
-        pass
+
+    def __init__(self, pod: LocalPod, run: dict[str, Any], headers: dict[str, str]) -> None:
+        super().__init__(daemon=True)
+        self.url = f"{pod.url}/v1/runs/{run['run_id']}/stream"
+        self.headers = headers
+        self.connected = threading.Event()
+        self.events: list[str] = []
+        self.ended_at = float("inf")
+
+    def run(self) -> None:
+        try:
+            with httpx.stream("GET", self.url, headers=self.headers, timeout=60) as stream:
+                for line in stream.iter_lines():
+                    if line.startswith("event: "):
+                        self.events.append(line.removeprefix("event: "))
+                        self.connected.set()
+        except httpx.HTTPError:
+            pass
+        self.ended_at = time.monotonic()
 
 
 def _drains(pod: LocalPod, headers: dict[str, str]) -> None:
@@ -281,8 +573,9 @@ def test_rendered_pod_reaches_redis_over_mutual_tls(helm: Path, tmp_path: Path) 
         server.stderr.close()
 
 
-def _certificates(directory: Path) -> Path:
-    """A CA, a server certificate for 127.0.0.1 and a client certificate, signed by the CA."""
+def _certificates(directory: Path, server_names: str = "IP:127.0.0.1") -> Path:
+    """A CA, a server certificate for ``server_names`` and a client certificate, signed by the
+    CA."""
     directory.mkdir(parents=True)
 
     def openssl(*args: str) -> None:
@@ -292,7 +585,7 @@ def _certificates(directory: Path) -> Path:
     openssl(
         "req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.crt", "-days", "1", "-subj", "/CN=ca"
     )
-    for name, extension in (("server", "subjectAltName=IP:127.0.0.1"), ("client", "")):
+    for name, extension in (("server", f"subjectAltName={server_names}"), ("client", "")):
         openssl("req", *ec, "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", f"/CN={name}")
         (directory / f"{name}.ext").write_text(extension + "\n")
         openssl(
@@ -320,3 +613,49 @@ def _wait_tls(server: subprocess.Popen[bytes], port: int, pki: Path) -> None:
             pass
         time.sleep(0.05)
     pytest.fail("the TLS Redis server did not answer")
+
+
+def _tls(pki: Path) -> dict[str, Any]:
+    """TLS with ``pki``'s CA, host names unchecked: for the test's own clients (a redis-py
+    client's options, and a context for raw pings)."""
+    context = ssl.create_default_context(cafile=str(pki / "ca.crt"))
+    context.check_hostname = False
+    client = {"ssl_ca_certs": str(pki / "ca.crt"), "ssl_check_hostname": False}
+    return {"pki": pki, "context": context, "client": client}
+
+
+def _tls_args(port: int, pki: Path) -> dict[str, str]:
+    """A server's TLS settings: TLS only, on ``port``, certificate from ``pki``, clients need no
+    certificate."""
+    return {
+        "tls-port": str(port),
+        "tls-cert-file": str(pki / "server.crt"),
+        "tls-key-file": str(pki / "server.key"),
+        "tls-ca-cert-file": str(pki / "ca.crt"),
+        "tls-auth-clients": "no",
+    }
+
+
+class _TlsServer(EmbeddedServer):
+    """A server that speaks TLS only, on its port."""
+
+    tls: dict[str, Any]
+
+    def args(self) -> list[str]:
+        settings = _tls_args(self.port, self.tls["pki"]).items()
+        tls = [arg for name, value in settings for arg in (f"--{name}", value)]
+        return [*super().args(), "--port", "0", *tls]  # the last --port wins
+
+    def ping(self) -> bool:
+        return _ping(self.port, self.tls["context"]).startswith(b"+PONG")
+
+
+def _tls_primary(tls: dict[str, Any]) -> _TlsServer:
+    """A started TLS-only primary (skips the test if this server binary has no TLS)."""
+    server = _TlsServer()
+    server.tls = tls
+    try:
+        return server.start()  # type: ignore[return-value]
+    except ServerError as exc:
+        server.cleanup()
+        pytest.skip(f"this Redis server has no TLS: {str(exc)[-300:]}")

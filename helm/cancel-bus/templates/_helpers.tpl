@@ -87,8 +87,24 @@ cancel-bus.io/client-of: {{ include "cancel-bus.fullname" . }}
 
 {{- define "cancel-bus.ownsRedisPassword" -}}
 {{- if .Values.redis.inChart.enabled }}true
-{{- else if and (not .Values.redis.urlFromSecret.name) (not .Values.redis.auth.existingSecret) .Values.redis.auth.password }}true
+{{- else if and (not .Values.redis.auth.existingSecret) .Values.redis.auth.password }}true
 {{- end }}
+{{- end }}
+
+{{/* CANCEL_BUS_REDIS_PASSWORD's Secret reference ({name, key}), empty without a password. */}}
+{{- define "cancel-bus.redisPasswordRef" -}}
+{{- $auth := .Values.redis.auth }}
+{{- if and $auth.existingSecret (not .Values.redis.inChart.enabled) }}
+{{- toJson (dict "name" $auth.existingSecret "key" $auth.passwordKey) }}
+{{- else if include "cancel-bus.ownsRedisPassword" . }}
+{{- toJson (dict "name" (include "cancel-bus.secretName" .) "key" "redis-password") }}
+{{- end }}
+{{- end }}
+
+{{/* Whether the sentinels have credentials of their own (CANCEL_BUS_REDIS_SENTINEL_*). */}}
+{{- define "cancel-bus.sentinelAuth" -}}
+{{- $r := .Values.redis }}
+{{- if and (eq $r.mode "sentinel") (not $r.inChart.enabled) (not $r.urlFromSecret.name) $r.sentinel.auth.existingSecret }}true{{ end }}
 {{- end }}
 
 {{- define "cancel-bus.needsSecret" -}}
@@ -110,21 +126,26 @@ A value kept across upgrades: the one in the live Secret if there is one (`looku
 {{- end }}
 
 {{/*
-Shutdown budget, in seconds: the preStop sleep, then the drain (CANCEL_BUS_DRAIN_TIMEOUT), then
-uvicorn's graceful shutdown of the connections still open (the app sets it to drain + 5).
-terminationGracePeriodSeconds must exceed it, or the kubelet SIGKILLs a node mid-drain.
+Shutdown budget, in seconds: the preStop sleep, then the drain (CANCEL_BUS_DRAIN_TIMEOUT; it also
+ends the node's follow streams at once), then uvicorn's graceful shutdown of the connections still
+open (fixed at 5 s by node/cli.py). terminationGracePeriodSeconds must exceed it by a margin: when
+the drain timeout ends, the runs still running are cancelled and recorded and the node leaves the
+cluster (each step bounded at 5 s by the library; well under a second with a healthy Redis).
+Default margin 10 s, at least 5 s, or the kubelet SIGKILLs a node mid-drain.
 */}}
+{{- define "cancel-bus.uvicornShutdownSeconds" -}}5{{- end }}
+
 {{- define "cancel-bus.shutdownBudget" -}}
 {{- $drain := .Values.config.drainTimeout | float64 | ceil | int }}
-{{- add (int .Values.preStopSleepSeconds) $drain $drain 5 }}
+{{- add (int .Values.preStopSleepSeconds) $drain (include "cancel-bus.uvicornShutdownSeconds" . | int) }}
 {{- end }}
 
 {{- define "cancel-bus.terminationGracePeriodSeconds" -}}
 {{- $budget := include "cancel-bus.shutdownBudget" . | int }}
 {{- if kindIs "invalid" .Values.terminationGracePeriodSeconds }}
 {{- add $budget 10 }}
-{{- else if le (int .Values.terminationGracePeriodSeconds) $budget }}
-{{- fail (printf "terminationGracePeriodSeconds (%v) must exceed preStopSleepSeconds + drainTimeout + (drainTimeout + 5) = %d, or the kubelet kills nodes mid-drain" .Values.terminationGracePeriodSeconds $budget) }}
+{{- else if lt (int .Values.terminationGracePeriodSeconds) (add $budget 5) }}
+{{- fail (printf "terminationGracePeriodSeconds (%v) must be at least preStopSleepSeconds + drainTimeout + 5 (uvicorn's shutdown) + 5 (margin) = %d, or the kubelet kills nodes mid-drain" .Values.terminationGracePeriodSeconds (add $budget 5)) }}
 {{- else }}
 {{- .Values.terminationGracePeriodSeconds | int }}
 {{- end }}
@@ -188,38 +209,27 @@ terminationGracePeriodSeconds must exceed it, or the kubelet SIGKILLs a node mid
 {{- join "&" $params }}
 {{- end }}
 
-{{/* user:password@ with kubelet $(VAR) references to the Secret-backed variables. */}}
-{{- define "cancel-bus.redisUserinfo" -}}
-{{- $auth := .Values.redis.auth }}
-{{- $user := "" }}
-{{- if and $auth.existingSecret $auth.usernameKey }}{{ $user = "$(REDIS_USERNAME)" }}
-{{- else if $auth.username }}{{ $user = $auth.username }}{{ end }}
-{{- $password := or .Values.redis.inChart.enabled $auth.existingSecret $auth.password }}
-{{- if $password }}{{ printf "%s:$(REDIS_PASSWORD)@" $user }}
-{{- else if $user }}{{ printf "%s@" $user }}
-{{- end }}
-{{- end }}
-
 {{/*
-CANCEL_BUS_REDIS_URL. Standalone: the URL the app reads today. Sentinel and Cluster: the forms
-planned by issue 8 (redis+sentinel://h:p,h:p/master/db and redis+cluster://h:p,h:p), which this
-version of the app does not accept yet.
+CANCEL_BUS_REDIS_URL, without credentials: the node puts CANCEL_BUS_REDIS_USERNAME and
+CANCEL_BUS_REDIS_PASSWORD into it, URL-encoded (node/settings.py redis_connection_url). Forms
+(cancel_bus/_redis.py): redis[s]://host:port/db, redis[s]+sentinel://h:p,h:p/<master>/<db>,
+redis[s]+cluster://h:p,h:p. The sentinels' own credentials come the same way, through
+CANCEL_BUS_REDIS_SENTINEL_USERNAME and CANCEL_BUS_REDIS_SENTINEL_PASSWORD.
 */}}
 {{- define "cancel-bus.redisUrl" -}}
 {{- $scheme := ternary "rediss" "redis" .Values.redis.tls.enabled }}
-{{- $userinfo := include "cancel-bus.redisUserinfo" . }}
 {{- $query := include "cancel-bus.redisQuery" . }}
 {{- $url := "" }}
 {{- if .Values.redis.inChart.enabled }}
-{{- $url = printf "redis://%s%s-redis:6379/0" $userinfo (include "cancel-bus.fullname" .) }}
+{{- $url = printf "redis://%s-redis:6379/0" (include "cancel-bus.fullname" .) }}
 {{- else if eq .Values.redis.mode "sentinel" }}
 {{- $s := .Values.redis.sentinel }}
-{{- $url = printf "%s+sentinel://%s%s/%s/%d" $scheme $userinfo (join "," $s.addresses) $s.masterName (int $s.db) }}
+{{- $url = printf "%s+sentinel://%s/%s/%d" $scheme (join "," $s.addresses) $s.masterName (int $s.db) }}
 {{- else if eq .Values.redis.mode "cluster" }}
-{{- $url = printf "%s+cluster://%s%s" $scheme $userinfo (join "," .Values.redis.cluster.addresses) }}
+{{- $url = printf "%s+cluster://%s" $scheme (join "," .Values.redis.cluster.addresses) }}
 {{- else }}
 {{- $u := urlParse .Values.redis.url }}
-{{- $url = printf "%s://%s%s%s" $u.scheme $userinfo $u.host $u.path }}
+{{- $url = printf "%s://%s%s" $u.scheme $u.host $u.path }}
 {{- $query = join "&" (compact (list $u.query $query)) }}
 {{- end }}
 {{- if $query }}{{ $url = printf "%s?%s" $url $query }}{{ end }}
