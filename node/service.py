@@ -13,7 +13,7 @@ from typing import IO
 from cancel_bus import CancelBus, CancelResult, RunCancelled, RunHandle, RunInfo, RunNotFound
 
 from .agent import record_cancellation, run_agent
-from .embedded import EmbeddedServer
+from .embedded import EmbeddedServer, valkey_binary
 from .metrics import Metrics
 from .schemas import CancelBody, StartRun
 from .settings import Settings
@@ -206,7 +206,7 @@ class NodeService:
                 "CANCEL_BUS_REDIS_URL (to share it) or its own CANCEL_BUS_DATA_DIR"
             ) from None
         self._embedded_lock = lock
-        self.embedded = EmbeddedServer(data_dir=data_dir).start()
+        self.embedded = EmbeddedServer(data_dir=data_dir, binary=valkey_binary()).start()
         log.warning(
             "no CANCEL_BUS_REDIS_URL: started an embedded server at %s (data in %s)",
             self.embedded.url,

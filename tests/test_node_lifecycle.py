@@ -74,6 +74,7 @@ def test_no_redis_url_starts_an_embedded_server(tmp_path: Path) -> None:
         assert answer["outcome"] == "cancelled"
         log = node.log_path.read_text()
         assert "embedded server" in log and str(tmp_path / "state") in log
+        assert "valkey" in (tmp_path / "state" / "redis" / "server.log").read_text().lower()
         assert second.wait_exit(30) != 0  # the same data dir cannot serve two nodes
         assert "another node runs an embedded server" in second.log_path.read_text()
         redis_port = int(log.split("embedded server at redis://127.0.0.1:")[1].split("/")[0])
