@@ -38,7 +38,7 @@ ACL_COMMANDS = (
     "hget", "hmget", "hset", "hsetnx", "hgetall", "hdel", "hstrlen",
     "sadd", "srem", "spop", "scard", "smembers",
     "zadd", "zrem", "zrange", "zrevrange", "zrangebyscore", "zremrangebyscore", "zscore",
-    "xadd", "xrange", "xrevrange", "xread",
+    "rpush", "lrange", "ltrim", "xadd", "xrevrange", "xread",
     "publish", "spublish", "subscribe", "ssubscribe", "unsubscribe", "sunsubscribe",
     # Redis Cluster: the client's view of the slots, and the slot migration handshake
     "cluster|slots", "cluster|shards", "command", "asking", "readonly",
@@ -83,7 +83,7 @@ class KeySpace:
         return f"{self.prefix}run:{run_id}"
 
     def events(self, run_id: str) -> str:
-        """Stream of the run's lifecycle events."""
+        """List of the run's lifecycle events after its start (JSON entries)."""
         return f"{self.prefix}ev:{run_id}"
 
     def relay(self, run_id: str) -> str:

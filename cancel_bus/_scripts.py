@@ -36,9 +36,13 @@ local function hash_to_table(flat)
   return t
 end
 
+-- The lifecycle log: a list of small JSON entries (a one-entry stream would cost some 4 KB, the
+-- list 260 B). Queued and started are not logged: the record's created_at, started_at and owner
+-- tell them, so a run that just runs costs no log at all.
 local function add_event(run_id, etype, data)
-  redis.call('XADD', P .. 'ev:' .. run_id, 'MAXLEN', '~', __EVENTS_MAX__, '*',
-    'type', etype, 'at', NOW, 'data', cjson.encode(data))
+  local key = P .. 'ev:' .. run_id
+  local n = redis.call('RPUSH', key, cjson.encode({type = etype, at = NOW, data = data}))
+  if n > __EVENTS_MAX__ then redis.call('LTRIM', key, -__EVENTS_MAX__, -1) end
 end
 
 local function relay_add(run_id, etype, at, data_json)
@@ -248,9 +252,9 @@ if ns ~= 'alive' then return {ns == 'missing' and 'missing' or 'fenced'} end
 local cur = redis.call('HMGET', rk, 'status', 'owner', 'epoch')
 if cur[1] == 'queued' then
   redis.call('HSET', rk, 'status', 'running', 'owner', node_id, 'epoch', epoch,
-    'started_at', NOW, 'relay', relay)
+    'started_at', NOW)
+  if relay == '1' then redis.call('HSET', rk, 'relay', '1') end
   redis.call('SADD', P .. 'node:' .. node_id .. ':runs', run_id)
-  add_event(run_id, 'run.started', {owner = node_id, claimed = true})
   return {'ok', redis.call('HGETALL', rk)}
 end
 if cur[1] == 'running' and cur[2] == node_id and cur[3] == epoch then
@@ -265,10 +269,10 @@ if app ~= '' then
 end
 if metadata ~= '' then redis.call('HSET', rk, 'metadata', metadata) end
 redis.call('HSET', rk, 'run_id', run_id, 'status', 'running', 'owner', node_id, 'epoch', epoch,
-  'created_at', NOW, 'started_at', NOW, 'relay', relay)
+  'created_at', NOW, 'started_at', NOW)
+if relay == '1' then redis.call('HSET', rk, 'relay', '1') end
 redis.call('ZADD', P .. 'active', NOW, run_id)
 redis.call('SADD', P .. 'node:' .. node_id .. ':runs', run_id)
-add_event(run_id, 'run.started', {owner = node_id})
 return {'ok', redis.call('HGETALL', rk)}
 """)
 
@@ -290,7 +294,6 @@ end
 if metadata ~= '' then redis.call('HSET', rk, 'metadata', metadata) end
 redis.call('HSET', rk, 'run_id', run_id, 'status', 'queued', 'created_at', NOW)
 redis.call('ZADD', P .. 'active', NOW, run_id)
-add_event(run_id, 'run.queued', {})
 return {'ok', redis.call('HGETALL', rk)}
 """)
 

@@ -348,9 +348,31 @@ class RunStore:
         return nodes
 
     async def events(self, run_id: str) -> list[RunEvent]:
+        """The run's lifecycle events, oldest first. Queued and started are read off the record
+        (the scripts do not log them: a run that just runs keeps no log)."""
         with translated("events"):
-            entries = cast(_Entries, await self.redis.xrange(self.keys.events(run_id)))
-        return [_event(entry_id, fields) for entry_id, fields in entries]
+            async with self.redis.pipeline(transaction=False) as pipe:
+                pipe.hmget(self.keys.run(run_id), "created_at", "started_at", "owner")
+                pipe.lrange(self.keys.events(run_id), 0, -1)
+                (created, started, owner), entries = await pipe.execute()
+        log: list[RunEvent] = []
+        if created is not None and started != created:
+            log.append(RunEvent(id="queued", type="run.queued", at=float(created), data={}))
+        if started is not None:
+            data: dict[str, Any] = {"owner": owner}
+            if started != created:
+                data["claimed"] = True
+            log.append(RunEvent(id="started", type="run.started", at=float(started), data=data))
+        for position, entry in enumerate(map(json.loads, entries)):
+            log.append(
+                RunEvent(
+                    id=str(position),
+                    type=entry["type"],
+                    at=float(entry["at"]),
+                    data=entry["data"] or {},
+                )
+            )
+        return log
 
     async def pending_cancels(self, node_id: str) -> dict[str, CancelMode]:
         with translated("pending_cancels"):

@@ -103,11 +103,9 @@ class Checker:
                 before = self.cluster.forgotten.get(op.run_id)
                 if before is not None:
                     self.before_restart[op.run_id] = RunInfo.from_redis(before)
-                events = await redis.xrange(self.keys.events(op.run_id))
+                log = map(json.loads, await redis.lrange(self.keys.events(op.run_id), 0, -1))
                 self.finishes[op.run_id] = [
-                    json.loads(f["data"]).get("status")
-                    for _, f in events
-                    if f["type"] == "run.finished"
+                    e["data"].get("status") for e in log if e["type"] == "run.finished"
                 ]
         self.report.runs = len(self.records)
 
