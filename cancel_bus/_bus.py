@@ -45,7 +45,7 @@ from ._messages import (
     parse_message,
 )
 from ._outbox import Outbox
-from ._redis import connect
+from ._redis import connect, raise_if_cancelling
 from ._run import RunHandle, RunScope, RunSpec
 from ._store import RunStore, StatusFilter
 from ._sync import RunSync
@@ -68,6 +68,7 @@ log = logging.getLogger("cancel_bus")
 MAX_TEXT = 1000
 MAX_LIST_LIMIT = 1000
 EARLY_CANCEL_SECONDS = 30.0
+SHUTDOWN_SECONDS = 3.0
 
 
 class CancelBus:
@@ -591,11 +592,12 @@ class CancelBus:
         await self._sweep()
 
     async def _sweep_forever(self) -> None:
-        while True:
+        while self._state in ("running", "draining"):
             await asyncio.sleep(self._sweep_interval)
             try:
                 await self._sweep()
             except Exception:  # the safety net must outlive any failure
+                raise_if_cancelling()
                 log.exception("cancel-bus: sweep failed")
 
     async def _sweep(self) -> None:
@@ -684,6 +686,7 @@ class CancelBus:
                 try:
                     await self._lease.register(node_id)
                 except CancelBusError as exc:
+                    raise_if_cancelling()
                     log.warning("cancel-bus: rejoin failed, retrying: %s", exc)
                     await asyncio.sleep(self._lease.interval)
                     continue
@@ -845,10 +848,18 @@ class CancelBus:
             raise BusUnavailable("could not subscribe to the node channel") from exc
 
     async def _shutdown_tasks(self) -> None:
+        """Stop the background tasks, within a bound: redis-py can swallow a cancellation in a
+        rare race, so each loop also has a stop flag and a stuck one is left behind, logged."""
+        for loop in (self._lease, self._sync, self._outbox, self._listener):
+            if loop is not None:
+                loop.stop()
         tasks = [*self._tasks, *([self._listener_task] if self._listener_task else [])]
         for task in tasks:
             task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        if tasks:
+            _, stuck = await asyncio.wait(tasks, timeout=SHUTDOWN_SECONDS)
+            for task in stuck:
+                log.warning("cancel-bus: background task did not stop in time: %r", task)
         self._tasks.clear()
         self._listener_task = None
 

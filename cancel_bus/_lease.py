@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from ._errors import BusUnavailable, Fenced, NodeIdInUse
+from ._redis import raise_if_cancelling
 from ._store import RunStore
 
 log = logging.getLogger("cancel_bus")
@@ -53,6 +54,7 @@ class Lease:
         self.offset = 0.0
         self.valid = False
         self._last_renewed = 0.0
+        self._stopped = False
 
     @property
     def interval(self) -> float:
@@ -89,12 +91,18 @@ class Lease:
                     raise NodeIdInUse(node_id)
                 await asyncio.sleep(min(1.0, self.interval))
 
+    def stop(self) -> None:
+        """End :meth:`run_forever` at its next turn (even if a cancellation was swallowed)."""
+        self._stopped = True
+
     async def run_forever(self) -> None:
-        while True:
+        self._stopped = False  # a bus that failed to start may start again
+        while not self._stopped:
             await asyncio.sleep(self.interval)
             try:
                 await self.beat()
             except Exception:  # the heartbeat must outlive any failure
+                raise_if_cancelling()
                 log.exception("cancel-bus: heartbeat of %s failed", self.node_id)
 
     async def beat(self) -> None:

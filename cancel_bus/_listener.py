@@ -18,7 +18,7 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from ._errors import CancelBusError
-from ._redis import is_closed_transport
+from ._redis import is_closed_transport, raise_if_cancelling
 
 log = logging.getLogger("cancel_bus")
 
@@ -49,6 +49,11 @@ class Listener:
         self._sweeps: set[asyncio.Task[None]] = set()
         self.connected = False
         self.reconnects = 0
+        self._stopped = False
+
+    def stop(self) -> None:
+        """End :meth:`run_forever` at its next turn (even if a cancellation was swallowed)."""
+        self._stopped = True
 
     async def wait_subscribed(self, timeout: float) -> None:
         await asyncio.wait_for(self._subscribed.wait(), timeout)
@@ -58,10 +63,11 @@ class Listener:
         each time (on a cluster, to whichever primary serves the channel's slot now)."""
         backoff = 0.05
         try:
-            while True:
+            while not self._stopped:
                 try:
                     await self._subscription()
                 except Exception as exc:  # the listener must outlive any failure
+                    raise_if_cancelling()
                     known = isinstance(exc, RedisError | OSError | CancelBusError)
                     if not known and not is_closed_transport(exc):
                         log.exception("cancel-bus: unexpected error in the subscriber loop")

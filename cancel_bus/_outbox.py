@@ -11,6 +11,7 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from ._errors import BusUnavailable
+from ._redis import raise_if_cancelling
 
 log = logging.getLogger("cancel_bus")
 
@@ -23,6 +24,7 @@ class Outbox:
         self._wake = asyncio.Event()
         self._retry_interval = retry_interval
         self._max_interval = max_interval
+        self._stopped = False
 
     def add(self, run_id: str, write: Write) -> None:
         self._pending[run_id] = write
@@ -40,15 +42,23 @@ class Outbox:
             try:
                 await write()
             except BusUnavailable:
+                raise_if_cancelling()
                 return False
             except Exception:  # not a transient failure: retrying would not help
+                raise_if_cancelling()
                 log.exception("cancel-bus: terminal write of %s dropped", run_id)
             self._pending.pop(run_id, None)
         return True
 
+    def stop(self) -> None:
+        """End :meth:`run_forever` at its next turn (even if a cancellation was swallowed)."""
+        self._stopped = True
+        self._wake.set()
+
     async def run_forever(self) -> None:
+        self._stopped = False  # a bus that failed to start may start again
         interval = self._retry_interval
-        while True:
+        while not self._stopped:
             await self._wake.wait()
             if await self.flush():
                 self._wake.clear()

@@ -10,13 +10,14 @@ are redis-py connection options (e.g. ``ssl_ca_certs``).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
 
-from redis.asyncio import ConnectionPool, Redis
+from redis.asyncio import BlockingConnectionPool, ConnectionPool, Redis
 from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.connection import URL_QUERY_ARGUMENT_PARSERS
 from redis.asyncio.retry import Retry
@@ -100,7 +101,9 @@ def connect(
         "max_connections": max_connections,
     }
     if scheme in ("redis", "rediss", "unix"):
-        return Topology(Redis.from_url(url, **options), cluster=False)
+        # a busy node waits for a free connection instead of failing with "too many connections"
+        pool = BlockingConnectionPool.from_url(url, timeout=socket_timeout, **options)
+        return Topology(Redis.from_pool(pool), cluster=False)
     base, _, kind = scheme.partition("+")
     if base not in ("redis", "rediss") or kind not in ("sentinel", "cluster"):
         raise InvalidArgument(f"unsupported Redis URL scheme {parts.scheme!r}")
@@ -175,3 +178,12 @@ def is_closed_transport(exc: BaseException) -> bool:
     """uvloop reports a write on a connection the peer reset as a RuntimeError, not an OSError
     (MagicStack/uvloop#506); redis-py has already discarded the connection when it surfaces."""
     return isinstance(exc, RuntimeError) and "handler is closed" in str(exc)
+
+
+def raise_if_cancelling() -> None:
+    """For a loop that carries on after errors: stop if the task is being cancelled. A library
+    may surface a cancellation as an error (a timeout context that saw it); going on would make
+    the task impossible to cancel."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError

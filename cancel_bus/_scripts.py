@@ -401,6 +401,7 @@ if cur[4] then
   local function clamp(at) return fmt(math.min(math.max(tonumber(at), req), NOW_S)) end
   if delivered_at ~= '' and not redis.call('HGET', rk, 'cancel_delivered_at') then
     put('cancel_delivered_at', clamp(delivered_at))
+    add_event(run_id, 'run.cancel_delivered', {node = node_id})
   end
   if observed_at ~= '' then put('cancel_observed_at', clamp(observed_at)) end
 end

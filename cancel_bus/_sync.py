@@ -13,6 +13,7 @@ import logging
 from collections.abc import Callable
 
 from ._errors import BusUnavailable, CancelBusError
+from ._redis import raise_if_cancelling
 from ._run import RunHandle
 from ._store import RunStore, SyncItem
 
@@ -28,6 +29,7 @@ class RunSync:
         self._dirty: dict[str, RunHandle] = {}
         self._wake = asyncio.Event()
         self._lock = asyncio.Lock()
+        self._stopped = False
         self.relay_dropped = 0
 
     def mark(self, handle: RunHandle) -> None:
@@ -39,12 +41,22 @@ class RunSync:
         self._wake.set()
 
     async def flush(self, handle: RunHandle) -> None:
-        """Write what this run has pending now (before its finish)."""
+        """Before a run's finish: write its relayed output, so followers see all of it before the
+        end. Its phase and delivery time travel with the finish itself (no round trip)."""
+        if not handle.relay:
+            handle.phase_dirty = handle.delivery_dirty = False
+            return
         self._dirty.pop(handle.run_id, None)
         await self._write([handle])
 
+    def stop(self) -> None:
+        """End :meth:`run_forever` at its next turn (even if a cancellation was swallowed)."""
+        self._stopped = True
+        self._wake.set()
+
     async def run_forever(self) -> None:
-        while True:
+        self._stopped = False  # a bus that failed to start may start again
+        while not self._stopped:
             await self._wake.wait()
             self._wake.clear()
             handles = list(self._dirty.values())
@@ -52,6 +64,7 @@ class RunSync:
             try:
                 await self._write(handles)
             except CancelBusError as exc:
+                raise_if_cancelling()
                 log.warning("cancel-bus: run updates not written yet: %s", exc)
                 for handle in handles:
                     self._dirty.setdefault(handle.run_id, handle)

@@ -33,7 +33,7 @@ StatusFilter = Annotated[
 ]
 
 
-def node_of(request: Request) -> NodeService:
+async def node_of(request: Request) -> NodeService:
     node: NodeService = request.app.state.node
     return node
 

@@ -59,7 +59,7 @@ class TokenTable:
         return Principal(role=found.role, user_id=found.user_id, name=name)
 
 
-def authenticate(request: Request) -> Principal:
+async def authenticate(request: Request) -> Principal:
     table: TokenTable = request.app.state.tokens
     principal = table.principal(request.headers.get("authorization"))
     if principal is None:
@@ -71,7 +71,7 @@ def authenticate(request: Request) -> Principal:
     return principal
 
 
-def require_ops(principal: Annotated[Principal, Depends(authenticate)]) -> Principal:
+async def require_ops(principal: Annotated[Principal, Depends(authenticate)]) -> Principal:
     if not principal.is_ops:
         raise HTTPException(status_code=403, detail="this needs an ops token")
     return principal

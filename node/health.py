@@ -41,7 +41,7 @@ async def readyz(node: Node) -> JSONResponse:
 async def metrics(request: Request, node: Node) -> Response:
     """Prometheus text format."""
     if request.app.state.settings.metrics_require_token:
-        principal = authenticate(request)
+        principal = await authenticate(request)
         if not principal.is_ops:
             return JSONResponse(status_code=403, content={"detail": "this needs an ops token"})
     return Response(node.metrics.render(), media_type="text/plain; version=0.0.4")

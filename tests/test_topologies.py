@@ -193,7 +193,7 @@ async def test_sentinel_failover_cancels_before_during_and_after(
         await after.done()
         assert accepted.outcome is Outcome.STOPPING
         await during.done()  # the cancel accepted as the primary died is honoured too
-        final = await b.get_run(during.run_id)
+        final = await b.wait(during.run_id, timeout=WAIT)  # its finish may wait in the outbox
         assert final is not None and final.status is RunStatus.CANCELLED
         print(
             f"sentinel failover: first cross-node cancel confirmed {first_cancel:.2f}s after "
