@@ -1,0 +1,1 @@
+"""Benchmarks of cancel-bus against the physical floor: see docs/BENCHMARKS.md."""

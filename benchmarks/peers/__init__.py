@@ -1,0 +1,1 @@
+"""The optional comparison with other Redis-based systems (each in its own virtualenv)."""
