@@ -45,7 +45,7 @@ from ._messages import (
     parse_message,
 )
 from ._outbox import Outbox
-from ._redis import connect, raise_if_cancelling
+from ._redis import Topology, connect, raise_if_cancelling
 from ._run import RunHandle, RunScope, RunSpec
 from ._store import RunStore, StatusFilter
 from ._sync import RunSync
@@ -102,16 +102,17 @@ class CancelBus:
         self._node_id = node_id or _new_node_id()
         self._topology = connect(url, client_name=f"cancel-bus.{self._node_id}")
         self._redis = self._topology.client
-        self._store = RunStore(
-            self._redis,
-            self.keys,
-            retention=retention,
-            pub_command="SPUBLISH" if self._topology.cluster else "PUBLISH",
+        self._store = self._store_on(self._topology, retention)
+        # The lease has connections of its own: a burst of work queued for the main pool (say,
+        # thousands of runs finishing at once) must not hold up the heartbeat until the node
+        # fences itself.
+        self._lease_topology = connect(
+            url, client_name=f"cancel-bus.{self._node_id}.lease", max_connections=2
         )
         key = signing_key.encode() if isinstance(signing_key, str) else signing_key
         self._signer = MessageSigner(namespace, key, self.clock)
         self._lease = Lease(
-            self._store,
+            self._store_on(self._lease_topology, retention),
             lease_ttl=lease_ttl,
             version=version,
             auth=lambda: self._signer.auth(FINISHED_PURPOSE),
@@ -863,9 +864,14 @@ class CancelBus:
         self._tasks.clear()
         self._listener_task = None
 
+    def _store_on(self, topology: Topology, retention: float) -> RunStore:
+        pub_command = "SPUBLISH" if topology.cluster else "PUBLISH"
+        return RunStore(topology.client, self.keys, retention=retention, pub_command=pub_command)
+
     async def _close_client(self) -> None:
-        with contextlib.suppress(Exception):
-            await self._topology.aclose()
+        for topology in (self._topology, self._lease_topology):
+            with contextlib.suppress(Exception):
+                await topology.aclose()
 
     def _require_open(self, accepting: bool = False) -> None:
         if self._state == "running" or (self._state == "draining" and not accepting):

@@ -17,6 +17,8 @@ from .conftest import BusFactory
 from .faultproxy import FaultProxy
 from .helpers import WAIT, LoopingRun, crash, eventually
 
+POOL_SIZE = 64  # connections in a bus's command pool (cancel_bus._redis.connect)
+
 
 async def test_cancel_published_while_subscriber_is_down_is_delivered_by_sweep(
     make_bus: BusFactory, proxy: FaultProxy
@@ -169,6 +171,31 @@ async def test_fenced_node_cannot_overwrite_its_former_runs(
     assert again is not None and again.owner == a.node_id
 
 
+async def test_a_busy_pool_does_not_cost_the_node_its_lease(
+    make_bus: BusFactory, raw_redis: aioredis.Redis
+) -> None:
+    # every connection of the node's pool is taken (as by thousands of runs finishing at once):
+    # the heartbeat has connections of its own and keeps the lease, so the node is not fenced
+    a, b = await make_bus(lease_ttl=0.9), await make_bus()
+    run = await LoopingRun(a).start()
+    key = f"test:{a.node_id}:blocker"
+    blockers = [asyncio.create_task(a.redis.blpop([key], timeout=4)) for _ in range(POOL_SIZE)]
+    await eventually(lambda: _blocked_clients(raw_redis, POOL_SIZE - 1))  # 1: the subscriber
+    exhausted_at = _seconds(await raw_redis.time())
+
+    async def renewed_long_after() -> bool:
+        nodes = {node.node_id: node for node in await b.list_nodes()}
+        return nodes[a.node_id].last_heartbeat > exhausted_at + 2 * a.lease_ttl
+
+    await eventually(renewed_long_after)
+    assert a.stats.leases_lost == 0 and a.ready
+    await raw_redis.lpush(key, *range(POOL_SIZE))
+    await asyncio.wait_for(asyncio.gather(*blockers), WAIT)
+    result = await b.cancel(run.run_id, timeout=WAIT)  # the run kept going, and stops now
+    assert result.outcome is Outcome.CANCELLED
+    await run.done()
+
+
 async def test_redis_down_raises_bus_unavailable_and_finish_is_not_lost(
     make_bus: BusFactory, proxy: FaultProxy
 ) -> None:
@@ -233,6 +260,15 @@ async def test_start_fails_clearly_when_redis_is_unreachable() -> None:
         await bus.start()
     assert time.monotonic() - t0 < WAIT
     await bus.close()
+
+
+async def _blocked_clients(redis: aioredis.Redis, count: int) -> bool:
+    info = await redis.info("clients")
+    return int(info["blocked_clients"]) >= count
+
+
+def _seconds(server_time: tuple[int, int]) -> float:
+    return server_time[0] + server_time[1] / 1e6
 
 
 async def _not_connected(bus: CancelBus) -> bool:
