@@ -133,13 +133,16 @@ class Lease:
             await self.reap()
 
     async def reap(self) -> None:
-        """Resolve the runs of every expired node (any live node may do it; idempotent)."""
+        """Resolve the runs of expired nodes (any live node may do it; idempotent) for at most
+        half a heartbeat interval: the rest waits for the next beat, so a dead node with many
+        runs never holds up this node's own heartbeat until its lease runs out."""
+        until = time.monotonic() + self.interval / 2
         try:
             while True:
                 runs, nodes, more = await self._store.reap(REAP_BUDGET, self._auth())
                 if runs or nodes:
                     self._holder.count_reaped(runs, nodes)
-                if not more:
+                if not more or time.monotonic() > until:
                     return
         except BusUnavailable as exc:
             log.warning("cancel-bus: reaping failed: %s", exc)
