@@ -103,9 +103,9 @@ class CancelBus:
         self._topology = connect(url, client_name=f"cancel-bus.{self._node_id}")
         self._redis = self._topology.client
         self._store = self._store_on(self._topology, retention)
-        # The lease has connections of its own: a burst of work queued for the main pool (say,
-        # thousands of runs finishing at once) must not hold up the heartbeat until the node
-        # fences itself.
+        # The lease has connections of its own: work holding or queued for the main pool (64
+        # followers in a blocking read, a burst of finishes) must not hold up the heartbeat
+        # until the node fences itself.
         self._lease_topology = connect(
             url, client_name=f"cancel-bus.{self._node_id}.lease", max_connections=2
         )

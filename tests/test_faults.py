@@ -174,7 +174,7 @@ async def test_fenced_node_cannot_overwrite_its_former_runs(
 async def test_a_busy_pool_does_not_cost_the_node_its_lease(
     make_bus: BusFactory, raw_redis: aioredis.Redis
 ) -> None:
-    # every connection of the node's pool is taken (as by thousands of runs finishing at once):
+    # every connection of the node's pool is taken (as by 64 followers in a blocking read):
     # the heartbeat has connections of its own and keeps the lease, so the node is not fenced
     a, b = await make_bus(lease_ttl=0.9), await make_bus()
     run = await LoopingRun(a).start()
