@@ -1,26 +1,22 @@
-"""The lease's own logic, with a stand-in for Redis (the scripts are tested in test_scripts)."""
+"""The lease's own loop logic, on a real server (its scripts are tested in test_scripts)."""
 
 from __future__ import annotations
 
 import asyncio
-from typing import Any, cast
+import time
+import uuid
 
-from cancel_bus._lease import REAP_BUDGET, Lease
+import pytest
+import redis.asyncio as aioredis
+
+from cancel_bus import _lease
+from cancel_bus._keys import KeySpace
+from cancel_bus._lease import Lease
 from cancel_bus._store import RunStore
 
 from .helpers import WAIT
 
-
-class EndlessReaping:
-    """A store whose expired nodes never run out of runs to reap (say, one with 100,000)."""
-
-    def __init__(self) -> None:
-        self.calls = 0
-
-    async def reap(self, budget: int, auth: str) -> tuple[int, int, bool]:
-        self.calls += 1
-        await asyncio.sleep(0.005)  # one script's round trip
-        return budget, 0, True
+DEAD_RUNS = 1000
 
 
 class Holder:
@@ -37,17 +33,24 @@ class Holder:
         self.reaped += runs
 
 
-async def test_reaping_yields_to_the_next_heartbeat() -> None:
+async def test_reaping_yields_to_the_next_heartbeat(
+    raw_redis: aioredis.Redis, namespace: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # a dead node with more runs than one beat can reap must not hold up the reaper's own
     # heartbeat until its lease runs out: each beat reaps for half an interval at most
-    store, holder = EndlessReaping(), Holder()
-    lease = Lease(
-        cast(RunStore, store),
-        lease_ttl=0.3,
-        version="test",
-        auth=lambda: "",
-        holder=cast(Any, holder),
-    )
+    monkeypatch.setattr(_lease, "REAP_BUDGET", 1)  # a script per run: far more than 50 ms
+    store = RunStore(raw_redis, KeySpace(namespace), retention=3600, pub_command="PUBLISH")
+    epoch = uuid.uuid4().hex[:16]
+    assert (await store.register_node("dead", 60, "test", "", epoch, restore=False))[0] == "ok"
+    for i in range(DEAD_RUNS):
+        assert (await store.start_run(f"r{i}", "dead", epoch, None, None, False))[0] == "ok"
+    await raw_redis.zadd(store.keys.nodes, {"dead": time.time() - 1})  # its lease expired
+    holder = Holder()
+    lease = Lease(store, lease_ttl=0.3, version="test", auth=lambda: "", holder=holder)
+
     await asyncio.wait_for(lease.reap(), WAIT)
-    assert 1 <= store.calls <= lease.interval / 2 / 0.005 + 1
-    assert holder.reaped == store.calls * REAP_BUDGET
+    assert 0 < holder.reaped < DEAD_RUNS  # one beat's share, the rest left for the next beats
+    async with asyncio.timeout(WAIT):
+        while await raw_redis.zcard(store.keys.active):
+            await lease.reap()
+    assert holder.reaped == DEAD_RUNS
