@@ -42,7 +42,8 @@ async def test_runs_are_reasserted_and_cancellable_after_data_loss(
 
     async def reasserted() -> bool:
         info = await b.get_run(run.run_id)
-        return info is not None and info.status is RunStatus.RUNNING
+        # the record is visible to b a moment before a's reconcile counts it
+        return info is not None and info.status is RunStatus.RUNNING and a.stats.runs_reasserted > 0
 
     await eventually(reasserted, timeout=LEASE + 3)
     assert a.stats.runs_reasserted == 1
