@@ -14,9 +14,8 @@ import logging
 import os
 import secrets
 import socket
-import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from types import TracebackType
 from typing import Any
 
@@ -38,17 +37,21 @@ from ._keys import KeySpace, validate_id
 from ._lease import Lease
 from ._listener import Listener
 from ._messages import (
-    FINISHED_PURPOSE,
     CancelMessage,
     MessageSigner,
-    cancel_purpose,
+    Rejection,
+    addressed_to,
+    decode,
     parse_message,
+    run_target,
+    session_target,
 )
 from ._outbox import Outbox
 from ._redis import Topology, connect, raise_if_cancelling
 from ._run import RunHandle, RunScope, RunSpec
 from ._store import RunStore, StatusFilter
 from ._sync import RunSync
+from ._timed import TimedMap
 from ._types import (
     BusStats,
     CancelMode,
@@ -59,6 +62,7 @@ from ._types import (
     RunEvent,
     RunInfo,
     RunStatus,
+    StopCause,
 )
 from ._version import VERSION
 from ._waiters import Waiters
@@ -69,6 +73,7 @@ MAX_TEXT = 1000
 MAX_LIST_LIMIT = 1000
 EARLY_CANCEL_SECONDS = 30.0
 SHUTDOWN_SECONDS = 3.0
+OWNER_WRITES = 32  # owner writes in flight at once: a burst must not flood the event loop
 
 
 class CancelBus:
@@ -88,9 +93,14 @@ class CancelBus:
         retention: float = 86400.0,
         sweep_interval: float = 2.0,
         signing_key: str | bytes | None = None,
+        verification_keys: Sequence[str | bytes] = (),
+        self_fence_after: float | None = None,
         max_output_chars: int = 1_000_000,
         version: str = VERSION,
     ) -> None:
+        """``signing_key`` seals every bus message; ``verification_keys`` are accepted too (key
+        rotation). ``self_fence_after``: seconds without an answer from Redis after which the
+        node stops its runs (``redis_unreachable``); default ``max(60, 3 * lease_ttl)``."""
         self.keys = KeySpace(namespace)
         if node_id is not None:
             validate_id(node_id, "node_id")
@@ -98,6 +108,17 @@ class CancelBus:
         _require(retention >= 1, "retention must be at least 1 second")
         _require(sweep_interval > 0, "sweep_interval must be positive")
         _require(max_output_chars >= 0, "max_output_chars must not be negative")
+        self_fence_after = (
+            max(60.0, 3 * lease_ttl) if self_fence_after is None else self_fence_after
+        )
+        _require(self_fence_after >= lease_ttl, "self_fence_after must be at least the lease_ttl")
+        keys = [_key_bytes(k) for k in ([signing_key] if signing_key is not None else [])]
+        keys += [_key_bytes(k) for k in verification_keys]
+        _require(
+            not verification_keys or signing_key is not None,
+            "verification_keys need a signing_key",
+        )
+        self._signer = MessageSigner(namespace, keys, self.clock)
         self._fixed_node_id = node_id is not None
         self._node_id = node_id or _new_node_id()
         self._topology = connect(url, client_name=f"cancel-bus.{self._node_id}")
@@ -109,13 +130,11 @@ class CancelBus:
         self._lease_topology = connect(
             url, client_name=f"cancel-bus.{self._node_id}.lease", max_connections=2
         )
-        key = signing_key.encode() if isinstance(signing_key, str) else signing_key
-        self._signer = MessageSigner(namespace, key, self.clock)
         self._lease = Lease(
             self._store_on(self._lease_topology, retention),
             lease_ttl=lease_ttl,
+            self_fence_after=self_fence_after,
             version=version,
-            auth=lambda: self._signer.auth(FINISHED_PURPOSE),
             holder=self,
         )
         self._sweep_interval = sweep_interval
@@ -128,9 +147,12 @@ class CancelBus:
         self._listener: Listener | None = None
         self._listener_task: asyncio.Task[None] | None = None
         self._tasks: list[asyncio.Task[None]] = []
-        self._early_cancels: dict[str, tuple[float, CancelRequest]] = {}
-        self._accepted: dict[str, tuple[float, CancelRequest]] = {}  # recently, by this node
-        self._unconfirmed: set[str] = set()  # accepted cancels to record again after data loss
+        self._owner_writes = asyncio.Semaphore(OWNER_WRITES)
+        # a cancel for a run whose start has not returned here yet, applied when it does
+        self._early_cancels: TimedMap[str, CancelRequest] = TimedMap(EARLY_CANCEL_SECONDS, 10_000)
+        # cancels this node accepted lately, to record again if Redis loses them
+        self._accepted: TimedMap[str, CancelRequest] = TimedMap(2 * lease_ttl, 100_000)
+        self._unconfirmed: set[str] = set()
         self._rejoining = asyncio.Lock()
         self._reconciling = False
         self._state = "new"
@@ -157,11 +179,12 @@ class CancelBus:
 
     @property
     def ready(self) -> bool:
-        """Running, holding a valid lease, and subscribed to its channel."""
+        """Running, holding its lease (renewed within the last lease), subscribed to its
+        channel."""
         listener = self._listener
         return (
             self._state == "running"
-            and self._lease.valid
+            and self._lease.fresh
             and listener is not None
             and listener.connected
         )
@@ -285,9 +308,10 @@ class CancelBus:
     async def start_run(self, spec: RunSpec) -> RunHandle:
         self._require_open(accepting=True)
         epoch = self._lease.epoch
-        code, run, detail = await self._store.start_run(
-            spec.run_id, self._node_id, epoch, spec.session, spec.metadata, spec.relay
-        )
+        async with self._owner_writes:
+            code, run, detail = await self._store.start_run(
+                spec.run_id, self._node_id, epoch, spec.session, spec.metadata, spec.relay
+            )
         if code == "fenced":
             raise Fenced(f"node {self._node_id} has lost its lease")
         if code == "missing":
@@ -305,9 +329,9 @@ class CancelBus:
         )
         self._local[run.run_id] = handle
         self._local_empty.clear()
-        early = self._early_cancels.pop(run.run_id, None)
+        early = self._early_cancels.pop(run.run_id)
         if early is not None:
-            handle.deliver(early[1])
+            handle.deliver(early)
         return handle
 
     async def finish_run(self, handle: RunHandle, status: RunStatus, error: str | None) -> None:
@@ -317,18 +341,27 @@ class CancelBus:
         async def write() -> None:
             await self._write_finish(handle, status, error)
 
+        if len(self._outbox):  # Redis is failing: queue behind the others, don't hold the exit
+            self._defer(handle.run_id, write, "earlier finishes are waiting for Redis")
+            return
         try:
-            await write()
-        except BusUnavailable as exc:
-            log.warning("cancel-bus: finish of %s deferred: %s", handle.run_id, exc)
-            self.stats.finishes_deferred += 1
-            self._outbox.add(handle.run_id, write)
+            async with self._owner_writes:
+                async with asyncio.timeout(self._lease.interval):
+                    await write()
+        except (BusUnavailable, TimeoutError) as exc:  # a retried finish is idempotent
+            self._defer(handle.run_id, write, str(exc) or "no answer from Redis")
+
+    def _defer(self, run_id: str, write: Callable[[], Awaitable[None]], why: str) -> None:
+        log.warning("cancel-bus: finish of %s deferred: %s", run_id, why)
+        self.stats.finishes_deferred += 1
+        self._outbox.add(run_id, write)
 
     async def set_waiting(self, handle: RunHandle, waiting: bool) -> None:
         target = RunStatus.WAITING if waiting else RunStatus.RUNNING
-        code, detail = await self._store.set_waiting(
-            handle.run_id, self._node_id, handle.epoch, target
-        )
+        async with self._owner_writes:
+            code, detail = await self._store.set_waiting(
+                handle.run_id, self._node_id, handle.epoch, target
+            )
         if code == "ok":
             return
         if code == "fenced":
@@ -359,7 +392,7 @@ class CancelBus:
         (``cancelled``) or at ``timeout`` (``stopping``: recorded, it will still be honoured)."""
         validate_id(run_id, "run_id")
         return await self._cancel(
-            f"run:{run_id}", run_id, None, mode, reason, requested_by, wait, timeout
+            run_target(run_id), run_id, None, mode, reason, requested_by, wait, timeout
         )
 
     async def cancel_session(
@@ -377,8 +410,9 @@ class CancelBus:
         """Cancel the active run of a session key, wherever it runs."""
         session = _session(app_name, user_id, session_id)
         assert session is not None
-        target = "session:" + ":".join(session)
-        return await self._cancel(target, None, session, mode, reason, requested_by, wait, timeout)
+        return await self._cancel(
+            session_target(session), None, session, mode, reason, requested_by, wait, timeout
+        )
 
     async def wait(self, run_id: str, timeout: float = 30.0) -> RunInfo | None:
         """Wait for a run to end (on any node); the run as it stands at the end or the timeout."""
@@ -509,7 +543,6 @@ class CancelBus:
                     requested_by=requested_by,
                     waiter=self._node_id if wait else "",
                     caller=self._node_id,
-                    auth=self._signer.auth(cancel_purpose(target, mode)),
                 )
         except TimeoutError as exc:
             raise BusUnavailable(
@@ -521,7 +554,7 @@ class CancelBus:
             return CancelResult(outcome=Outcome(answer.code), run=run)
         request = run.cancel_request
         if request is not None:
-            self._accepted[run.run_id] = (time.monotonic(), request)
+            self._accepted.put(run.run_id, request)
             handle = self._local.get(run.run_id)
             if handle is not None:
                 handle.deliver(request)
@@ -533,61 +566,63 @@ class CancelBus:
         return CancelResult(outcome=_outcome_of(final), run=final)
 
     async def _await_end(self, run_id: str, deadline: float) -> RunInfo | None:
-        """The run's final record once it ends, or None if the deadline comes first."""
-        future = self._waiters.add(run_id)
+        """The run's final record once it ends, or None if the deadline comes first. A notice
+        without the record is checked against Redis; if the run is still active there, the
+        wait goes on."""
         remaining = deadline - asyncio.get_running_loop().time()
         try:
             async with asyncio.timeout(max(remaining, 0)):
-                final = await future
-                if final is None or self._signer.enabled:
-                    final = await self._store.get_run(run_id)
+                while True:
+                    future = self._waiters.add(run_id)
+                    try:
+                        final = await future
+                    finally:
+                        self._waiters.discard(run_id, future)
+                    if final is None:
+                        final = await self._store.get_run(run_id)
+                    if final is None or not final.is_active:
+                        return final
+                    self._waiters.forget(run_id)
         except TimeoutError:
             return None
-        finally:
-            self._waiters.discard(run_id, future)
-        return final if final is not None and not final.is_active else None
 
     # -- messages, sweeps ---------------------------------------------------------------------
 
     def _on_message(self, data: str) -> None:
-        message = parse_message(data)
-        if message is None:
-            self.stats.messages_rejected += 1
+        """A message on this node's channel: act on it only if it is sealed (on a signed bus),
+        fresh, unseen, and addressed to this incarnation; count every one dropped, by why."""
+        body = decode(data)
+        rejection = Rejection.MALFORMED if body is None else self._signer.check(body)
+        message = parse_message(body) if body is not None and rejection is None else None
+        if rejection is None and message is None:
+            rejection = Rejection.MALFORMED
+        if message is not None and not addressed_to(message, self._node_id, self.epoch):
+            rejection = Rejection.MISADDRESSED
+        if rejection is not None or message is None:
+            self._reject(rejection or Rejection.MALFORMED)
             return
         if isinstance(message, CancelMessage):
             self._on_cancel_message(message)
-            return
-        if not self._signer.verify(FINISHED_PURPOSE, message.auth):
-            self.stats.messages_rejected += 1
-            return
-        self._waiters.resolve(message.run_id, None if self._signer.enabled else message.run)
+        else:
+            self._waiters.resolve(message.run_id, message.run)
+
+    def _reject(self, why: Rejection) -> None:
+        self.stats.messages_rejected += 1
+        field = f"messages_{why.value}"
+        setattr(self.stats, field, getattr(self.stats, field) + 1)
 
     def _on_cancel_message(self, message: CancelMessage) -> None:
-        if not self._signer.verify(
-            cancel_purpose(message.target, message.requested_mode), message.auth
-        ):
-            self.stats.messages_rejected += 1
-            return
         handle = self._local.get(message.run_id)
         if handle is None:
-            self._remember_early(message.run_id, message.request)
+            self._early_cancels.put(message.run_id, message.request)
             return
         if message.target.startswith("session:") and (
-            handle.session is None or message.target != "session:" + ":".join(handle.session)
+            handle.session is None or message.target != session_target(handle.session)
         ):
-            self.stats.messages_rejected += 1
+            self._reject(Rejection.MISADDRESSED)
             return
         if handle.deliver(message.request):
             self.stats.cancels_delivered += 1
-
-    def _remember_early(self, run_id: str, request: CancelRequest) -> None:
-        """A cancel for a run whose start has not returned here yet; applied when it does."""
-        now = time.monotonic()
-        for key, (at, _) in list(self._early_cancels.items()):
-            if now - at > EARLY_CANCEL_SECONDS:
-                del self._early_cancels[key]
-        if len(self._early_cancels) < 10_000:
-            self._early_cancels[run_id] = (now, request)
 
     async def _on_subscribed(self) -> None:
         await self._sweep()
@@ -619,21 +654,15 @@ class CancelBus:
             for run in await self._store.get_runs(waited):
                 if not run.is_active:
                     self._waiters.resolve(run.run_id, run)
-            self._forget_accepted()
             if self._unconfirmed:
                 await self._reissue_accepted()
         except BusUnavailable as exc:
             log.debug("cancel-bus: sweep skipped: %s", exc)
 
-    def _forget_accepted(self) -> None:
-        horizon = time.monotonic() - 2 * self.lease_ttl
-        for run_id, (at, _) in list(self._accepted.items()):
-            if at < horizon:
-                del self._accepted[run_id]
-
     # -- lease events (LeaseHolder protocol) --------------------------------------------------
 
     async def lease_renewed(self, recorded_runs: int) -> None:
+        self._outbox.retry_now()
         if recorded_runs != len(self._local) + len(self._outbox) and not self._reconciling:
             self._reconciling = True
             try:
@@ -643,13 +672,20 @@ class CancelBus:
             finally:
                 self._reconciling = False
 
-    async def lease_lost(self, why: str) -> None:
-        """Fenced: stop every local run (its record is resolved by others), rejoin anew."""
-        self.stats.leases_lost += 1
-        log.error("cancel-bus: node %s lost its lease (%s); stopping its runs", self._node_id, why)
+    async def lease_lost(self, cause: StopCause, why: str) -> None:
+        """Stop every local run, with the cause. Fenced (``lease_lost``: Redis said so): the
+        runs' records are resolved by others; rejoin as a new incarnation. Out of contact for
+        the self-fence deadline (``redis_unreachable``): the lease may still be ours; the
+        heartbeat goes on and tells."""
+        if cause is StopCause.LEASE_LOST:
+            self.stats.leases_lost += 1
+        else:
+            self.stats.self_fences += 1
+        log.error("cancel-bus: node %s stops its runs: %s (%s)", self._node_id, cause.value, why)
         for handle in list(self._local.values()):
-            handle.stop("lease_lost")
-        self._tasks.append(asyncio.create_task(self._rejoin()))
+            handle.stop(cause)
+        if cause is StopCause.LEASE_LOST:
+            self._tasks.append(asyncio.create_task(self._rejoin()))
 
     async def lease_missing(self) -> None:
         """Redis forgot this node (restart without persistence, failover with lag): register the
@@ -660,7 +696,7 @@ class CancelBus:
                 await self._lease.register(self._node_id, restore=True)
             except Fenced:
                 self._lease.valid = False
-                await self.lease_lost("fenced before Redis forgot it")
+                await self.lease_lost(StopCause.LEASE_LOST, "fenced before Redis forgot it")
                 return
             except BusUnavailable as exc:
                 log.warning("cancel-bus: re-registration failed, retrying next beat: %s", exc)
@@ -669,7 +705,7 @@ class CancelBus:
                 await self._reconcile()
                 for run_id in self._waiters.run_ids():
                     await self._store.add_waiter(run_id, self._node_id)
-                self._unconfirmed.update(self._accepted)
+                self._unconfirmed.update(iter(self._accepted))
                 await self._reissue_accepted()
             except BusUnavailable as exc:
                 log.warning("cancel-bus: re-assertion incomplete, retrying next beat: %s", exc)
@@ -711,8 +747,9 @@ class CancelBus:
             )
             if code in ("ok", "recreated"):
                 self.stats.runs_reasserted += code == "recreated"
-            elif code in ("finished", "foreign"):
-                handle.stop(f"run is {code} in Redis ({detail})")
+            elif code in ("finished", "foreign"):  # no longer ours: its record says why
+                log.warning("cancel-bus: run %s is %s in Redis (%s)", run_id, code, detail)
+                handle.stop(StopCause.LEASE_LOST)
         grace = self.clock() - self.lease_ttl
         strays = [i for i in recorded if i not in self._local and i not in self._outbox]
         for run in await self._store.get_runs(strays):
@@ -726,13 +763,13 @@ class CancelBus:
             node_id=self._node_id,
             epoch=self._lease.epoch,
             status=RunStatus.FAILED,
+            stop_cause=None,
             output="",
             output_truncated=False,
             error="not running on its owner",
             phase=None,
             delivered_at=None,
             observed_at=None,
-            auth=self._signer.auth(FINISHED_PURPOSE),
             record={},
         )
         if code == "ok":
@@ -742,21 +779,19 @@ class CancelBus:
         """Record again the cancels this node accepted shortly before Redis lost them. A run its
         owner has not re-asserted yet is tried again at the next sweep (for two leases)."""
         for run_id in list(self._unconfirmed):
-            accepted = self._accepted.get(run_id)
-            if accepted is None:
+            request = self._accepted.get(run_id)
+            if request is None:
                 self._unconfirmed.discard(run_id)
                 continue
-            request, target = accepted[1], f"run:{run_id}"
             answer = await self._store.request_cancel(
                 run_id=run_id,
                 session=None,
-                target=target,
+                target=run_target(run_id),
                 mode=request.mode,
                 reason=request.reason,
                 requested_by=request.requested_by,
                 waiter="",
                 caller=self._node_id,
-                auth=self._signer.auth(cancel_purpose(target, request.mode)),
             )
             if answer.code == "not_found":
                 continue
@@ -773,13 +808,13 @@ class CancelBus:
             node_id=self._node_id,
             epoch=handle.epoch,
             status=status,
+            stop_cause=handle.stop_cause,
             output=handle.output,
             output_truncated=handle.output_truncated,
             error=error[:MAX_TEXT] if error else None,
             phase=handle.phase,
             delivered_at=handle.delivered_at,
             observed_at=handle.observed_at,
-            auth=self._signer.auth(FINISHED_PURPOSE),
             record=handle.record(),
         )
         if code == "missing":
@@ -787,7 +822,7 @@ class CancelBus:
         self._local.pop(handle.run_id, None)
         if not self._local:
             self._local_empty.set()
-        self._accepted.pop(handle.run_id, None)
+        self._accepted.pop(handle.run_id)
         if code == "fenced":
             self.stats.finishes_fenced += 1
             log.warning(
@@ -811,7 +846,7 @@ class CancelBus:
                     timeout=timeout,
                 )
             except CancelBusError:
-                handle.stop("node_shutdown")
+                handle.stop(StopCause.NODE_SHUTDOWN)
 
         await asyncio.gather(*(cancel_one(h) for h in handles))
         if self._local:
@@ -822,9 +857,7 @@ class CancelBus:
         if not self._lease.valid:
             return
         while True:
-            code, done = await self._store.leave_node(
-                self._node_id, self._lease.epoch, self._signer.auth(FINISHED_PURPOSE)
-            )
+            code, done = await self._store.leave_node(self._node_id, self._lease.epoch)
             if code != "ok" or done:
                 return
 
@@ -866,7 +899,13 @@ class CancelBus:
 
     def _store_on(self, topology: Topology, retention: float) -> RunStore:
         pub_command = "SPUBLISH" if topology.cluster else "PUBLISH"
-        return RunStore(topology.client, self.keys, retention=retention, pub_command=pub_command)
+        return RunStore(
+            topology.client,
+            self.keys,
+            retention=retention,
+            pub_command=pub_command,
+            signer=self._signer,
+        )
 
     async def _close_client(self) -> None:
         for topology in (self._topology, self._lease_topology):
@@ -934,6 +973,11 @@ def _mode(mode: CancelMode | str) -> CancelMode:
     except ValueError:
         valid = ", ".join(m.value for m in CancelMode)
         raise InvalidArgument(f"invalid cancel mode {mode!r} (one of {valid})") from None
+
+
+def _key_bytes(key: str | bytes) -> bytes:
+    _require(isinstance(key, str | bytes) and len(key) > 0, "a signing key must not be empty")
+    return key.encode() if isinstance(key, str) else key
 
 
 def _require(condition: bool, message: str) -> None:

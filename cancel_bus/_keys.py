@@ -79,6 +79,12 @@ class KeySpace:
         """Sorted set of live node ids, scored by lease expiry (seconds, Redis clock)."""
         return f"{self.prefix}nodes"
 
+    @property
+    def lease_clock(self) -> str:
+        """Hash: the lease clock (``last`` heartbeat on the server clock, the clock's value ``at``
+        it, the ``cap`` of one beat): lease time runs only while heartbeats reach Redis."""
+        return f"{self.prefix}clock"
+
     def run(self, run_id: str) -> str:
         return f"{self.prefix}run:{run_id}"
 

@@ -1,9 +1,12 @@
 """A node's lease: registration, heartbeat, the server-clock estimate, fencing and reaping.
 
-The lease is renewed every ``lease_ttl / 3``. A node that could not renew for a whole
-``lease_ttl`` (counted from when its last successful heartbeat was *sent*, so never later than
-Redis's own view) treats itself as fenced before anyone tells it: it stops its runs and rejoins
-as a new incarnation. Redis fences it too: every owner write checks the lease and the epoch.
+The lease is renewed every ``lease_ttl / 3``; a heartbeat that fails or times out is retried at
+once, with a short backoff, not a whole interval later. Redis being unreachable is nobody's
+death: the node keeps its runs and its lease until Redis says the lease is gone (the heartbeat
+answers ``fenced``: the node was declared dead, or a new incarnation holds its id), or until
+``self_fence_after`` seconds without contact, when it stops its runs with the honest cause
+``redis_unreachable``. On Redis's side leases run on the lease clock (``_scripts.py``), which a
+stall, a pause or a failover cannot advance by more than one heartbeat interval.
 """
 
 from __future__ import annotations
@@ -12,22 +15,25 @@ import asyncio
 import logging
 import secrets
 import time
-from collections.abc import Callable
 from typing import Protocol
 
 from ._errors import BusUnavailable, Fenced, NodeIdInUse
 from ._redis import raise_if_cancelling
 from ._store import RunStore
+from ._types import StopCause
 
 log = logging.getLogger("cancel_bus")
 
 REAP_BUDGET = 500
+RETRY_FIRST = 0.05  # seconds before the first retry of a failed heartbeat; doubles up to...
+RETRY_SHARE = 0.25  # ... this share of the interval
+WARN_EVERY = 5.0  # seconds between warnings while heartbeats keep failing
 
 
 class LeaseHolder(Protocol):
     async def lease_renewed(self, recorded_runs: int) -> None: ...
 
-    async def lease_lost(self, why: str) -> None: ...
+    async def lease_lost(self, cause: StopCause, why: str) -> None: ...
 
     async def lease_missing(self) -> None: ...
 
@@ -40,25 +46,32 @@ class Lease:
         store: RunStore,
         *,
         lease_ttl: float,
+        self_fence_after: float,
         version: str,
-        auth: Callable[[], str],
         holder: LeaseHolder,
     ) -> None:
         self._store = store
         self.lease_ttl = lease_ttl
+        self.self_fence_after = self_fence_after
         self._version = version
-        self._auth = auth
         self._holder = holder
         self.node_id = ""
         self.epoch = ""
         self.offset = 0.0
-        self.valid = False
-        self._last_renewed = 0.0
+        self.valid = False  # Redis has not said this incarnation's lease is gone
+        self.self_fenced = False  # runs stopped: no contact with Redis for the deadline
+        self._last_renewed = 0.0  # monotonic send time of the last heartbeat that answered
+        self._last_warning = 0.0
         self._stopped = False
 
     @property
     def interval(self) -> float:
         return self.lease_ttl / 3
+
+    @property
+    def fresh(self) -> bool:
+        """Valid, and renewed within the last lease: what readiness asks."""
+        return self.valid and time.monotonic() - self._last_renewed <= self.lease_ttl
 
     def clock(self) -> float:
         """Now, on the Redis server clock (estimated from the heartbeats)."""
@@ -76,7 +89,7 @@ class Lease:
             try:  # bounded: a late answer would date the lease from a stale send time
                 async with asyncio.timeout(self.interval):
                     code, server_now = await self._store.register_node(
-                        node_id, self.lease_ttl, self._version, self._auth(), epoch, restore
+                        node_id, self.lease_ttl, self._version, epoch, restore
                     )
             except TimeoutError:
                 raise BusUnavailable("no answer from Redis to the node registration") from None
@@ -96,23 +109,40 @@ class Lease:
         self._stopped = True
 
     async def run_forever(self) -> None:
+        """Beat every interval after the last beat that reached Redis; retry a failed one at
+        once with a backoff bounded well under the interval."""
         self._stopped = False  # a bus that failed to start may start again
+        retry = RETRY_FIRST
+        due = time.monotonic() + self.interval
         while not self._stopped:
-            await asyncio.sleep(self.interval)
+            await asyncio.sleep(max(0.0, due - time.monotonic()))
+            renewed = self._last_renewed
             try:
-                await self.beat()
+                reached = await self.beat()
             except Exception:  # the heartbeat must outlive any failure
                 raise_if_cancelling()
                 log.exception("cancel-bus: heartbeat of %s failed", self.node_id)
+                reached = False
+            if reached:
+                retry = RETRY_FIRST
+                if self._last_renewed != renewed:
+                    due = self._last_renewed + self.interval
+                else:  # Redis answered, but not with a renewal (fenced, or forgot us)
+                    due = time.monotonic() + self.interval
+            else:
+                due = time.monotonic() + retry
+                retry = min(retry * 2, self.interval * RETRY_SHARE)
 
-    async def beat(self) -> None:
-        """One heartbeat, then reap expired nodes. Reports loss or amnesia to the holder."""
-        if self.valid and time.monotonic() - self._last_renewed > self.lease_ttl:
-            self.valid = False
-            await self._holder.lease_lost("no successful heartbeat for a whole lease")
-            return
+    async def beat(self) -> bool:
+        """One heartbeat, then reap expired nodes; reports loss or amnesia to the holder.
+        -> whether Redis answered."""
         if not self.valid:
-            return
+            return True  # the holder is rejoining as a new incarnation
+        silent = time.monotonic() - self._last_renewed
+        if silent > self.self_fence_after and not self.self_fenced:
+            self.self_fenced = True
+            why = f"no answer from Redis for {silent:.0f} s"
+            await self._holder.lease_lost(StopCause.REDIS_UNREACHABLE, why)
         sent, local_sent = time.monotonic(), time.time()
         try:
             async with asyncio.timeout(self.interval):
@@ -120,17 +150,26 @@ class Lease:
                     self.node_id, self.epoch, self.lease_ttl
                 )
         except (BusUnavailable, TimeoutError) as exc:
-            log.warning("cancel-bus: heartbeat of %s failed: %s", self.node_id, exc)
-            return
+            if sent - self._last_warning >= WARN_EVERY:
+                self._last_warning = sent
+                log.warning(
+                    "cancel-bus: heartbeat of %s failed (%.1f s without an answer; runs go on): %s",
+                    self.node_id,
+                    silent,
+                    exc or "timed out",
+                )
+            return False
         if code == "fenced":
             self.valid = False
-            await self._holder.lease_lost("Redis says the lease expired")
+            await self._holder.lease_lost(StopCause.LEASE_LOST, "Redis says the lease is gone")
         elif code == "missing":
             await self._holder.lease_missing()
         else:
             self._renewed(sent, local_sent, server_now)
+            self.self_fenced = False
             await self._holder.lease_renewed(recorded)
             await self.reap()
+        return True
 
     async def reap(self) -> None:
         """Resolve the runs of expired nodes (any live node may do it; idempotent) for at most
@@ -139,7 +178,7 @@ class Lease:
         until = time.monotonic() + self.interval / 2
         try:
             while True:
-                runs, nodes, more = await self._store.reap(REAP_BUDGET, self._auth())
+                runs, nodes, more = await self._store.reap(REAP_BUDGET)
                 if runs or nodes:
                     self._holder.count_reaped(runs, nodes)
                 if not more or time.monotonic() > until:

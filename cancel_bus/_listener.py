@@ -100,24 +100,25 @@ class Listener:
                     await client.aclose()
 
     async def _listen(self, pubsub: Any) -> None:
-        last_pong = time.monotonic()
-        last_ping = 0.0
+        """Read until the subscription breaks. Anything the server sends (a message, a pong)
+        proves the connection alive; a ping goes out every interval whatever else arrives, so
+        silence after a busy spell is still answered before the watchdog judges it."""
+        last_heard = last_ping = time.monotonic()
         while True:
             message = await pubsub.get_message(timeout=self._ping_interval / 2)
             now = time.monotonic()
             if message is not None:
+                last_heard = now
                 kind = message["type"]
                 if kind in _MESSAGES:
                     self._dispatch(message["data"])
-                    continue
-                if kind in _SUBSCRIBED:
+                elif kind in _SUBSCRIBED:
                     self.connected = True
                     self._subscribed.set()
                     self._sweep()
                 elif kind in _UNSUBSCRIBED:  # the server dropped us (the slot moved)
                     raise RedisError("the subscription was dropped by the server")
-                last_pong = now
-            if now - last_pong > 2 * self._ping_interval:
+            if now - last_heard > 2 * self._ping_interval:
                 raise RedisError("no answer to ping on the subscriber connection")
             if now - last_ping >= self._ping_interval:
                 last_ping = now

@@ -7,6 +7,7 @@ order, and the node keeps heartbeating it as an active run.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 
@@ -22,6 +23,7 @@ class Outbox:
     def __init__(self, retry_interval: float = 0.5, max_interval: float = 5.0) -> None:
         self._pending: dict[str, Write] = {}
         self._wake = asyncio.Event()
+        self._retry = asyncio.Event()
         self._retry_interval = retry_interval
         self._max_interval = max_interval
         self._stopped = False
@@ -29,6 +31,11 @@ class Outbox:
     def add(self, run_id: str, write: Write) -> None:
         self._pending[run_id] = write
         self._wake.set()
+
+    def retry_now(self) -> None:
+        """Redis answers again: end the wait before the next retry."""
+        if self._pending:
+            self._retry.set()
 
     def __contains__(self, run_id: object) -> bool:
         return run_id in self._pending
@@ -65,5 +72,7 @@ class Outbox:
                 interval = self._retry_interval
                 continue
             log.warning("cancel-bus: %d terminal write(s) waiting for Redis", len(self._pending))
-            await asyncio.sleep(interval)
+            self._retry.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._retry.wait(), interval)
             interval = min(interval * 2, self._max_interval)

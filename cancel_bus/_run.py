@@ -15,7 +15,7 @@ from types import TracebackType
 from typing import Any, Protocol
 
 from ._errors import RunCancelled
-from ._types import CancelMode, CancelRequest, RunInfo, RunStatus
+from ._types import CancelMode, CancelRequest, RunInfo, RunStatus, StopCause
 
 log = logging.getLogger("cancel_bus")
 
@@ -48,6 +48,7 @@ class RunHandle:
     __slots__ = (
         "_callbacks",
         "_exiting",
+        "_local_stop",
         "_owner",
         "_phase",
         "_request",
@@ -99,7 +100,8 @@ class RunHandle:
         self.final_status: RunStatus | None = None
         self._owner = owner
         self._phase: str | None = None
-        self._request: CancelRequest | None = None
+        self._request: CancelRequest | None = None  # recorded in Redis
+        self._local_stop: CancelRequest | None = None  # its node stopped it (no request)
         self._stop_at_checkpoint = False
         self._task: asyncio.Task[Any] | None = None
         self._task_cancel_sent = False
@@ -115,20 +117,29 @@ class RunHandle:
 
     def turn_boundary(self) -> None:
         """Like :meth:`checkpoint`, and also honours ``after_turn`` requests."""
-        if self._request is not None:
+        if self._request is not None or self._local_stop is not None:
             self._observe()
 
     @property
     def cancel_requested(self) -> CancelRequest | None:
-        return self._request
+        """Why the run must stop: the recorded request, else its node's own stop (see
+        :attr:`CancelRequest.cause`); None while it may go on."""
+        return self._request or self._local_stop
+
+    @property
+    def stop_cause(self) -> StopCause | None:
+        """Why its node stopped the run without a request (lease lost, Redis unreachable,
+        drain), if it did."""
+        return self._local_stop.cause if self._local_stop is not None else None
 
     def add_cancel_callback(self, callback: Callable[[CancelRequest], None]) -> None:
         """Call ``callback(request)`` when a cancel reaches this run, and again when a stronger
         mode escalates it (at once if one already has). For adapters that must react at once,
         e.g. by handing the cancel to a framework; it runs in the node's listener: be quick."""
         self._callbacks.append(callback)
-        if self._request is not None:
-            callback(self._request)
+        request = self.cancel_requested
+        if request is not None:
+            callback(request)
 
     @property
     def session(self) -> tuple[str, str, str] | None:
@@ -194,29 +205,42 @@ class RunHandle:
             self._request = replace(current, mode=request.mode)
         else:
             return False
-        mode = self._request.mode
-        self._stop_at_checkpoint = mode is not CancelMode.AFTER_TURN
-        if mode is CancelMode.IMMEDIATE:
-            self._interrupt()
+        self._arm(self._request)
         self._owner.run_changed(self)
+        return True
+
+    def stop(self, cause: StopCause) -> None:
+        """Stop the run without a request in Redis: its node was fenced, lost Redis for too
+        long, or is closing. Like an ``immediate`` cancel; recorded with the cause, and as
+        ``cancelled`` only for a drain (which records its own request)."""
+        if self._local_stop is not None:
+            return
+        now = self._owner.clock()
+        self._local_stop = CancelRequest(CancelMode.IMMEDIATE, cause.value, None, now, cause)
+        self._arm(self._local_stop)
+
+    def _arm(self, request: CancelRequest) -> None:
+        """Make checkpoints raise (and interrupt the task) as ``request`` asks; tell callbacks."""
+        self._stop_at_checkpoint = self._stop_at_checkpoint or (
+            request.mode is not CancelMode.AFTER_TURN
+        )
+        if request.mode is CancelMode.IMMEDIATE:
+            self._interrupt()
         for callback in self._callbacks:
             try:
-                callback(self._request)
+                callback(request)
             except Exception:
                 log.exception("cancel-bus: a cancel callback of run %s failed", self.run_id)
-        return True
 
     def bind_task(self, task: asyncio.Task[Any] | None) -> None:
         """The task an ``immediate`` cancel interrupts: the one that entered the run scope (a
         cancel that came while the run was being registered interrupts it now)."""
         self._task = task
-        if self._request is not None and self._request.mode is CancelMode.IMMEDIATE:
+        request = self.cancel_requested
+        if request is not None and (
+            request.mode is CancelMode.IMMEDIATE or self._local_stop is not None
+        ):
             self._interrupt()
-
-    def stop(self, reason: str) -> None:
-        """Stop the run locally without a request in Redis (the node was fenced or is closing)."""
-        now = self._owner.clock()
-        self.deliver(CancelRequest(CancelMode.IMMEDIATE, reason, "node", now))
 
     def record(self) -> dict[str, str]:
         """The run as this node knows it, to re-create a record Redis lost."""
@@ -232,7 +256,7 @@ class RunHandle:
             record["relay"] = "1"
         if self._phase is not None:
             record["phase"] = self._phase
-        if self._request is not None and self._request.requested_by != "node":
+        if self._request is not None:
             request = self._request
             record["cancel_requested_at"] = f"{request.requested_at:.6f}"
             record["cancel_mode"] = request.mode.value
@@ -250,7 +274,7 @@ class RunHandle:
     def _observe(self) -> None:
         if self.observed_at is None:
             self.observed_at = self._owner.clock()
-        raise RunCancelled(self.run_id, self._request)
+        raise RunCancelled(self.run_id, self.cancel_requested)
 
     def _interrupt(self) -> None:
         task = self._task

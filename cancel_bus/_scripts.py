@@ -11,6 +11,16 @@ Every script is safe to run twice with the same arguments (a retried call after 
 the second call changes nothing and answers as if it were the first where that matters.
 
 Stored timestamps are seconds on the server clock as strings with microseconds (``"%d.%06d"``).
+
+Leases are not judged by the server clock but by the **lease clock** (``clock`` hash): it runs
+only while heartbeats reach Redis. Each heartbeat advances it by the time since the previous
+heartbeat of the namespace, but by at most one heartbeat interval, so a stall, a pause or a
+failover that no heartbeat got through counts for one interval at most (DESIGN.md §9).
+
+Scripts that notify other nodes take a ``pub`` argument: ``PUBLISH``/``SPUBLISH`` publishes the
+notices from the script; ``''`` (signed buses) returns them instead, for the caller to sign and
+publish: a signature must cover who a message is for, which only the script finds out. Such
+scripts answer ``{notices, reply}``.
 """
 
 from __future__ import annotations
@@ -26,9 +36,39 @@ local NOW_S = tonumber(T[1]) + tonumber(T[2]) / 1000000
 local NOW = string.format('%d.%06d', tonumber(T[1]), tonumber(T[2]))
 local ACTIVE = {queued = true, running = true, waiting = true}
 local STRENGTH = {after_turn = 0, checkpoint = 1, immediate = 2}
+local NOTICES = {}
+local function reply(r) return {NOTICES, r} end  -- the answer of a script that may notify
 
 local function fmt(seconds) return string.format('%.6f', seconds) end
 local function meta_or_nil(value) if value == '' then return nil end return value end
+
+-- Now on the lease clock: its value at the last heartbeat, plus the time since, capped at the
+-- interval that heartbeat declared. Without a clock yet, the server clock.
+local LEASE_NOW = nil
+local function lease_clock(cap)
+  local c = redis.call('HMGET', P .. 'clock', 'last', 'at', 'cap')
+  if not c[1] then return NOW_S end
+  return tonumber(c[2]) + math.min(math.max(NOW_S - tonumber(c[1]), 0), cap or tonumber(c[3]))
+end
+local function lease_now()
+  if LEASE_NOW == nil then LEASE_NOW = lease_clock(nil) end
+  return LEASE_NOW
+end
+
+-- A heartbeat reached Redis: advance the lease clock (by at most `cap`, the caller's interval).
+local function tick_lease_clock(cap)
+  LEASE_NOW = lease_clock(cap)
+  redis.call('HSET', P .. 'clock', 'last', fmt(NOW_S), 'at', fmt(LEASE_NOW), 'cap', fmt(cap))
+end
+
+-- Sends a message to a node's channel, or keeps it for the caller to sign and send (pub == '').
+local function notify(pub, node_id, msg)
+  if pub == '' then
+    table.insert(NOTICES, {node_id, cjson.encode(msg)})
+    return -1
+  end
+  return redis.call(pub, P .. 'chan:' .. node_id, cjson.encode(msg))
+end
 
 local function hash_to_table(flat)
   local t = {}
@@ -60,7 +100,7 @@ local function node_state(node_id, epoch)
   if not st[1] then return 'missing' end
   if st[1] ~= 'alive' or (epoch ~= nil and st[2] ~= epoch) then return 'dead' end
   local exp = redis.call('ZSCORE', P .. 'nodes', node_id)
-  if (not exp) or tonumber(exp) <= NOW_S then
+  if (not exp) or tonumber(exp) <= lease_now() then
     redis.call('HSET', nk, 'state', 'dead')
     redis.call('HSETNX', nk, 'died_at', NOW)
     return 'dead'
@@ -80,7 +120,7 @@ local function session_holder(app, user, sess)
 end
 
 -- Ends an active run: terminal state, out of every active index, expiry scheduled, waiters rung.
-local function finalize(run_id, status, end_reason, fields, retention_ms, pub, auth)
+local function finalize(run_id, status, end_reason, fields, retention_ms, pub)
   local rk = P .. 'run:' .. run_id
   local info = redis.call('HMGET', rk, 'owner', 'app_name', 'user_id', 'session_id', 'relay')
   redis.call('HSET', rk, 'status', status, 'finished_at', NOW, 'end_reason', end_reason,
@@ -105,36 +145,38 @@ local function finalize(run_id, status, end_reason, fields, retention_ms, pub, a
   local wk = P .. 'wait:' .. run_id
   local waiters = redis.call('SMEMBERS', wk)
   if #waiters > 0 then
-    local msg = {k = 'finished', r = run_id, st = status, a = auth}
+    local msg = {k = 'finished', r = run_id, st = status}
     if redis.call('HSTRLEN', rk, 'output') <= __NOTIFY_RUN_MAX_BYTES__ then
       msg.run = hash_to_table(redis.call('HGETALL', rk))
     end
-    local encoded = cjson.encode(msg)
-    for _, w in ipairs(waiters) do redis.call(pub, P .. 'chan:' .. w, encoded) end
+    for _, w in ipairs(waiters) do
+      msg.to = w
+      notify(pub, w, msg)
+    end
     redis.call('DEL', wk)
   end
 end
 
 -- Resolves an active run whose owner is gone: cancelled if a cancel was pending, else failed.
-local function resolve_owner_lost(run_id, retention_ms, pub, auth)
+local function resolve_owner_lost(run_id, retention_ms, pub)
   local st = redis.call('HMGET', P .. 'run:' .. run_id, 'status', 'cancel_requested_at', 'owner')
   if not (st[1] == 'running' or st[1] == 'waiting') then return false end
   local status = 'failed'
   if st[2] then status = 'cancelled' end
   finalize(run_id, status, 'owner_lost',
-    {'error', 'owner_lost: node ' .. tostring(st[3]) .. ' lost its lease'}, retention_ms, pub, auth)
+    {'error', 'owner_lost: node ' .. tostring(st[3]) .. ' lost its lease'}, retention_ms, pub)
   return true
 end
 
 -- Resolves up to `budget` runs of a node that is gone; once none is left, forgets the node.
 -- Returns runs resolved, and whether the node is now fully reaped.
-local function reap_node(node_id, budget, retention_ms, pub, auth, final_state)
+local function reap_node(node_id, budget, retention_ms, pub, final_state)
   local nk = P .. 'node:' .. node_id
   local runs_key = nk .. ':runs'
   local resolved = 0
   if budget > 0 then
     for _, id in ipairs(redis.call('SPOP', runs_key, budget)) do
-      if resolve_owner_lost(id, retention_ms, pub, auth) then resolved = resolved + 1 end
+      if resolve_owner_lost(id, retention_ms, pub) then resolved = resolved + 1 end
     end
   end
   if redis.call('SCARD', runs_key) > 0 then return resolved, false end
@@ -163,84 +205,92 @@ def _script(body: str) -> str:
 
 # KEYS[1] nodes zset, KEYS[2] node hash
 # ARGV[1] node_id, ARGV[2] lease_ms, ARGV[3] version, ARGV[4] retention_ms, ARGV[5] pub command,
-# ARGV[6] auth, ARGV[7] epoch (the incarnation's fencing token: random, chosen by the node),
+# ARGV[6] interval_ms (the caller's heartbeat interval: the most one beat advances the lease
+# clock), ARGV[7] epoch (the incarnation's fencing token: random, chosen by the node),
 # ARGV[8] restore ('1': the node takes back the incarnation Redis forgot, e.g. after a restart
 # without persistence; refused if Redis still knows the node)
-# -> {'ok', now} | {'in_use', now} | {'busy', now} (an expired incarnation of the same id still
-#    has runs to resolve; call again) | {'fenced', now} (restore refused)
+# -> {notices, {'ok', now} | {'in_use', now} | {'busy', now} (an expired incarnation of the same id
+#    still has runs to resolve; call again) | {'fenced', now} (restore refused)}
 REGISTER_NODE = _script("""
 local nodes, node_key = KEYS[1], KEYS[2]
 local node_id, lease_ms, version = ARGV[1], tonumber(ARGV[2]), ARGV[3]
-local retention_ms, pub, auth = tonumber(ARGV[4]), ARGV[5], ARGV[6]
+local retention_ms, pub, interval_ms = tonumber(ARGV[4]), ARGV[5], tonumber(ARGV[6])
 local epoch, restore = ARGV[7], ARGV[8]
+tick_lease_clock(interval_ms / 1000)
 local forgotten = redis.call('EXISTS', node_key) == 0
-if (not forgotten) and node_alive(node_id, epoch) then return {'ok', NOW} end  -- a retried call
-if restore == '1' and not forgotten then return {'fenced', NOW} end
-if (not forgotten) and node_alive(node_id, nil) then return {'in_use', NOW} end
-local _, done = reap_node(node_id, 500, retention_ms, pub, auth, 'dead')
-if not done then return {'busy', NOW} end
-local expires = fmt(NOW_S + lease_ms / 1000)
+if (not forgotten) and node_alive(node_id, epoch) then return reply({'ok', NOW}) end  -- retried
+if restore == '1' and not forgotten then return reply({'fenced', NOW}) end
+if (not forgotten) and node_alive(node_id, nil) then return reply({'in_use', NOW}) end
+local _, done = reap_node(node_id, 500, retention_ms, pub, 'dead')
+if not done then return reply({'busy', NOW}) end
 redis.call('DEL', node_key)
 redis.call('HSET', node_key, 'node_id', node_id, 'state', 'alive', 'epoch', epoch,
-  'started_at', NOW, 'last_heartbeat', NOW, 'lease_expires_at', expires, 'version', version)
-redis.call('ZADD', nodes, expires, node_id)
-return {'ok', NOW}
+  'started_at', NOW, 'last_heartbeat', NOW, 'lease_expires_at', fmt(NOW_S + lease_ms / 1000),
+  'version', version)
+redis.call('ZADD', nodes, fmt(lease_now() + lease_ms / 1000), node_id)
+return reply({'ok', NOW})
 """)
 
 # KEYS[1] nodes zset, KEYS[2] node hash
-# ARGV[1] node_id, ARGV[2] epoch, ARGV[3] lease_ms
+# ARGV[1] node_id, ARGV[2] epoch, ARGV[3] lease_ms, ARGV[4] interval_ms (the caller's heartbeat
+# interval: the most this beat advances the lease clock)
 # -> {'ok', now, runs recorded for the node} | {'fenced', now} | {'missing', now}
 #    (missing: Redis forgot the node, e.g. a restart without persistence; re-register and re-assert)
 HEARTBEAT = _script("""
 local nodes, node_key = KEYS[1], KEYS[2]
 local node_id, epoch, lease_ms = ARGV[1], ARGV[2], tonumber(ARGV[3])
+local interval_ms = tonumber(ARGV[4])
+tick_lease_clock(interval_ms / 1000)
 if redis.call('EXISTS', node_key) == 0 then return {'missing', NOW} end
 if not node_alive(node_id, epoch) then return {'fenced', NOW} end
-local expires = fmt(NOW_S + lease_ms / 1000)
-redis.call('ZADD', nodes, expires, node_id)
-redis.call('HSET', node_key, 'last_heartbeat', NOW, 'lease_expires_at', expires)
+redis.call('ZADD', nodes, fmt(lease_now() + lease_ms / 1000), node_id)
+redis.call('HSET', node_key, 'last_heartbeat', NOW,
+  'lease_expires_at', fmt(NOW_S + lease_ms / 1000))
 return {'ok', NOW, redis.call('SCARD', node_key .. ':runs')}
 """)
 
 # KEYS[1] nodes zset
-# ARGV[1] budget (runs), ARGV[2] retention_ms, ARGV[3] pub command, ARGV[4] auth
-# -> {runs resolved, nodes reaped, more (1 if expired nodes remain)}
+# ARGV[1] budget (runs), ARGV[2] retention_ms, ARGV[3] pub command
+# -> {notices, {runs resolved, nodes reaped, more (1 if expired nodes remain)}}
 REAP = _script("""
 local nodes = KEYS[1]
-local budget, retention_ms, pub, auth = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3], ARGV[4]
-local expired = redis.call('ZRANGEBYSCORE', nodes, '-inf', fmt(NOW_S), 'LIMIT', 0, 16)
+local budget, retention_ms, pub = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3]
+local expired = redis.call('ZRANGEBYSCORE', nodes, '-inf', fmt(lease_now()), 'LIMIT', 0, 16)
 local resolved, reaped = 0, 0
 for _, node_id in ipairs(expired) do
   node_alive(node_id, nil)
-  local n, done = reap_node(node_id, budget - resolved, retention_ms, pub, auth, 'dead')
+  local n, done = reap_node(node_id, budget - resolved, retention_ms, pub, 'dead')
   resolved = resolved + n
   if done then reaped = reaped + 1 end
   if resolved >= budget then break end
 end
 local more = 0
-if #redis.call('ZRANGEBYSCORE', nodes, '-inf', fmt(NOW_S), 'LIMIT', 0, 1) > 0 then more = 1 end
-return {resolved, reaped, more}
+if #redis.call('ZRANGEBYSCORE', nodes, '-inf', fmt(lease_now()), 'LIMIT', 0, 1) > 0 then
+  more = 1
+end
+return reply({resolved, reaped, more})
 """)
 
 # KEYS[1] node hash
-# ARGV[1] node_id, ARGV[2] epoch, ARGV[3] retention_ms, ARGV[4] pub command, ARGV[5] auth
+# ARGV[1] node_id, ARGV[2] epoch, ARGV[3] retention_ms, ARGV[4] pub command
 # Runs still recorded for the node are resolved as owner_lost (a closing bus cancels them first).
-# -> {'ok', runs resolved, done (1/0: call again)} | {'fenced'}
+# -> {notices, {'ok', runs resolved, done (1/0: call again)} | {'fenced'}}
 LEAVE_NODE = _script("""
 local node_key = KEYS[1]
 local node_id, epoch = ARGV[1], ARGV[2]
-local retention_ms, pub, auth = tonumber(ARGV[3]), ARGV[4], ARGV[5]
-if not node_alive(node_id, epoch) then return {'fenced'} end
-local resolved, done = reap_node(node_id, 500, retention_ms, pub, auth, 'left')
-if not done then return {'ok', resolved, 0} end
+local retention_ms, pub = tonumber(ARGV[3]), ARGV[4]
+if not node_alive(node_id, epoch) then return reply({'fenced'}) end
+local resolved, done = reap_node(node_id, 500, retention_ms, pub, 'left')
+if not done then return reply({'ok', resolved, 0}) end
 redis.call('HSET', node_key, 'left_at', NOW)
-return {'ok', resolved, 1}
+return reply({'ok', resolved, 1})
 """)
 
 # KEYS[1] run hash
 # ARGV[1] run_id, ARGV[2] node_id, ARGV[3] epoch, ARGV[4] app_name, ARGV[5] user_id,
 # ARGV[6] session_id ('' x3: no session key), ARGV[7] metadata json or '', ARGV[8] relay (0/1)
-# A queued run of that id is claimed; otherwise the id must be new (ids are never reused).
+# A queued run of that id is claimed — with a session key, only if it is the run's own; otherwise
+# the id must be new (ids are never reused).
 # -> {'ok', run fields} | {'fenced'} | {'missing'} (Redis forgot the node: retry after it
 #    re-registers) | {'exists', run fields} | {'session_busy', run_id}
 START_RUN = _script("""
@@ -249,8 +299,10 @@ local run_id, node_id, epoch = ARGV[1], ARGV[2], ARGV[3]
 local app, user, sess, metadata, relay = ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8]
 local ns = node_state(node_id, epoch)
 if ns ~= 'alive' then return {ns == 'missing' and 'missing' or 'fenced'} end
-local cur = redis.call('HMGET', rk, 'status', 'owner', 'epoch')
-if cur[1] == 'queued' then
+local cur = redis.call('HMGET', rk, 'status', 'owner', 'epoch', 'app_name', 'user_id',
+  'session_id')
+local own_session = app == '' or (cur[4] == app and cur[5] == user and cur[6] == sess)
+if cur[1] == 'queued' and own_session then
   redis.call('HSET', rk, 'status', 'running', 'owner', node_id, 'epoch', epoch,
     'started_at', NOW)
   if relay == '1' then redis.call('HSET', rk, 'relay', '1') end
@@ -300,26 +352,29 @@ return {'ok', redis.call('HGETALL', rk)}
 # KEYS[1] run hash, or the session key when ARGV[1] starts with 'session:'
 # ARGV[1] target ('run:<id>' or 'session:<app>:<user>:<session>'), ARGV[2] run_id ('' for session),
 # ARGV[3] mode, ARGV[4] reason, ARGV[5] requested_by, ARGV[6] waiter node ('' = no wait),
-# ARGV[7] caller node, ARGV[8] retention_ms, ARGV[9] pub command, ARGV[10] auth
-# -> {'not_found'} | {'already_finished', fields} | {'cancelled', fields} | {'owner_lost', fields}
-#    | {'stopping', fields, receivers (-1: the caller is the owner, not published)}
+# ARGV[7] caller node, ARGV[8] retention_ms, ARGV[9] pub command
+# The owner is told on its channel, in a message bound to it (its node id and epoch) and to the
+# run the target resolved to — not when the caller is the owner: it sets the token itself.
+# -> {notices, {'not_found'} | {'already_finished', fields} | {'cancelled', fields}
+#    | {'owner_lost', fields} | {'stopping', fields, receivers (-1: not published here)}}
 REQUEST_CANCEL = _script("""
 local target_key = KEYS[1]
 local target, run_id, mode, reason, by = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local waiter, caller = ARGV[6], ARGV[7]
-local retention_ms, pub, auth = tonumber(ARGV[8]), ARGV[9], ARGV[10]
+local retention_ms, pub = tonumber(ARGV[8]), ARGV[9]
 local by_session = string.sub(target, 1, 8) == 'session:'
 if by_session then
   run_id = redis.call('GET', target_key)
-  if not run_id then return {'not_found'} end
+  if not run_id then return reply({'not_found'}) end
 end
 local rk = P .. 'run:' .. run_id
-local cur = redis.call('HMGET', rk, 'status', 'owner', 'cancel_requested_at', 'cancel_mode')
+local cur = redis.call('HMGET', rk, 'status', 'owner', 'cancel_requested_at', 'cancel_mode',
+  'epoch')
 local st = cur[1]
-if not st then return {'not_found'} end
+if not st then return reply({'not_found'}) end
 if not ACTIVE[st] then
-  if by_session then return {'not_found'} end  -- a session has no *active* run
-  return {'already_finished', redis.call('HGETALL', rk)}
+  if by_session then return reply({'not_found'}) end  -- a session has no *active* run
+  return reply({'already_finished', redis.call('HGETALL', rk)})
 end
 if not cur[3] then
   local fields = {'cancel_requested_at', NOW, 'cancel_mode', mode}
@@ -336,43 +391,47 @@ end
 local meta = redis.call('HMGET', rk, 'cancel_mode', 'cancel_requested_at', 'cancel_reason',
   'requested_by')
 local owner = cur[2]
-local message = cjson.encode({k = 'cancel', r = run_id, tg = target, m = mode, em = meta[1],
-  at = meta[2], reason = meta[3] or nil, by = meta[4] or nil, a = auth})
+local message = {k = 'cancel', r = run_id, tg = target, m = mode, em = meta[1], at = meta[2],
+  reason = meta[3] or nil, by = meta[4] or nil, to = owner, ep = cur[5]}
 if st ~= 'running' then
-  if owner and owner ~= caller then redis.call(pub, P .. 'chan:' .. owner, message) end
-  finalize(run_id, 'cancelled', 'cancelled', {}, retention_ms, pub, auth)
-  return {'cancelled', redis.call('HGETALL', rk)}
+  if owner and owner ~= caller then notify(pub, owner, message) end
+  finalize(run_id, 'cancelled', 'cancelled', {}, retention_ms, pub)
+  return reply({'cancelled', redis.call('HGETALL', rk)})
 end
 if not node_alive(owner, nil) then
-  resolve_owner_lost(run_id, retention_ms, pub, auth)
-  return {'owner_lost', redis.call('HGETALL', rk)}
+  resolve_owner_lost(run_id, retention_ms, pub)
+  return reply({'owner_lost', redis.call('HGETALL', rk)})
 end
 redis.call('HSET', P .. 'node:' .. owner .. ':pending', run_id, meta[1])
 if waiter ~= '' then redis.call('SADD', P .. 'wait:' .. run_id, waiter) end
 local receivers = -1
-if owner ~= caller then receivers = redis.call(pub, P .. 'chan:' .. owner, message) end
-return {'stopping', redis.call('HGETALL', rk), receivers}
+if owner ~= caller then receivers = notify(pub, owner, message) end
+return reply({'stopping', redis.call('HGETALL', rk), receivers})
 """)
 
 # KEYS[1] run hash
-# ARGV[1] run_id, ARGV[2] node_id, ARGV[3] epoch, ARGV[4] status (succeeded|failed|cancelled),
-# ARGV[5] output, ARGV[6] output_truncated (0/1), ARGV[7] error, ARGV[8] phase,
-# ARGV[9] delivered_at, ARGV[10] observed_at (node estimates of the server clock, or ''),
-# ARGV[11] retention_ms, ARGV[12] pub command, ARGV[13] auth,
-# ARGV[14] the run as the owner knows it (json), used only if Redis lost the record
-# -> {'ok', final status, end_reason} | {'done', status} (ended by someone else)
-#    | {'fenced', status}
-#    | {'missing', ''} (Redis forgot the node: retry after it re-registers)
+# ARGV[1] run_id, ARGV[2] node_id, ARGV[3] epoch, ARGV[4] status (how the code ended: succeeded,
+# failed, or cancelled: it stopped for a cancel), ARGV[5] stop cause ('' or why its node stopped
+# it without a request: node_shutdown | lease_lost | redis_unreachable), ARGV[6] output,
+# ARGV[7] output_truncated (0/1), ARGV[8] error, ARGV[9] phase, ARGV[10] delivered_at,
+# ARGV[11] observed_at (node estimates of the server clock, or ''), ARGV[12] retention_ms,
+# ARGV[13] pub command, ARGV[14] the run as the owner knows it (json), used only if Redis lost
+# the record
+# A run is recorded cancelled only if a cancel was requested: an accepted request makes any end
+# 'cancelled' (end_reason says how it ended); a node's drain records its own request; any other
+# stop without a request is 'failed' with the stop cause as end_reason.
+# -> {notices, {'ok', final status, end_reason} | {'done', status} (ended by someone else)
+#    | {'fenced', status} | {'missing', ''} (Redis forgot the node: retry after it re-registers)}
 FINISH_RUN = _script("""
 local rk = KEYS[1]
-local run_id, node_id, epoch, status = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
-local output, truncated, err, phase = ARGV[5], ARGV[6], ARGV[7], ARGV[8]
-local delivered_at, observed_at = ARGV[9], ARGV[10]
-local retention_ms, pub, auth, record = tonumber(ARGV[11]), ARGV[12], ARGV[13], ARGV[14]
+local run_id, node_id, epoch, status, cause = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
+local output, truncated, err, phase = ARGV[6], ARGV[7], ARGV[8], ARGV[9]
+local delivered_at, observed_at = ARGV[10], ARGV[11]
+local retention_ms, pub, record = tonumber(ARGV[12]), ARGV[13], ARGV[14]
 local cur = redis.call('HMGET', rk, 'status', 'owner', 'epoch', 'cancel_requested_at', 'end_reason')
 if not cur[1] then
   local ns = node_state(node_id, epoch)
-  if ns ~= 'alive' then return {ns == 'missing' and 'missing' or 'fenced', ''} end
+  if ns ~= 'alive' then return reply({ns == 'missing' and 'missing' or 'fenced', ''}) end
   local r = cjson.decode(record)
   for k, v in pairs(r) do redis.call('HSET', rk, k, v) end
   redis.call('HSET', rk, 'run_id', run_id, 'status', 'running', 'owner', node_id, 'epoch', epoch)
@@ -381,23 +440,37 @@ if not cur[1] then
 end
 if not ACTIVE[cur[1]] then
   if cur[2] == node_id and cur[3] == epoch and cur[5] ~= 'owner_lost' then
-    return {'ok', cur[1], cur[5]}
+    return reply({'ok', cur[1], cur[5]})
   end
-  return {'done', cur[1]}
+  return reply({'done', cur[1]})
 end
-if cur[2] ~= node_id or cur[3] ~= epoch then return {'fenced', cur[1]} end
+if cur[2] ~= node_id or cur[3] ~= epoch then return reply({'fenced', cur[1]}) end
 local ns = node_state(node_id, epoch)
-if ns ~= 'alive' then return {ns == 'missing' and 'missing' or 'fenced', cur[1]} end
+if ns ~= 'alive' then return reply({ns == 'missing' and 'missing' or 'fenced', cur[1]}) end
 local end_reason = ({succeeded = 'completed', failed = 'error', cancelled = 'cancelled'})[status]
-if cur[4] then status = 'cancelled' end
+local requested_at = cur[4]
+if status == 'cancelled' and not requested_at then
+  if cause == 'node_shutdown' then
+    requested_at = NOW
+    redis.call('HSET', rk, 'cancel_requested_at', NOW, 'cancel_mode', 'immediate',
+      'cancel_reason', 'node_shutdown', 'requested_by', node_id)
+    add_event(run_id, 'run.cancel_requested',
+      {mode = 'immediate', reason = 'node_shutdown', requested_by = node_id})
+  else  -- stopped by its node (lease lost, Redis unreachable) with nobody asking
+    status, end_reason = 'failed', (cause ~= '' and cause) or 'error'
+  end
+elseif status == 'cancelled' and cause ~= '' and cause ~= 'node_shutdown' then
+  end_reason = cause  -- a request was pending, but its node stopped it first
+end
+if requested_at then status = 'cancelled' end
 local fields = {}
 local function put(k, v) table.insert(fields, k); table.insert(fields, v) end
 if output ~= '' then put('output', output) end
 if truncated == '1' then put('output_truncated', '1') end
 if err ~= '' then put('error', err) end
 if phase ~= '' then put('phase', phase) end
-if cur[4] then
-  local req = tonumber(cur[4])
+if requested_at then
+  local req = tonumber(requested_at)
   local function clamp(at) return fmt(math.min(math.max(tonumber(at), req), NOW_S)) end
   if delivered_at ~= '' and not redis.call('HGET', rk, 'cancel_delivered_at') then
     put('cancel_delivered_at', clamp(delivered_at))
@@ -405,8 +478,8 @@ if cur[4] then
   end
   if observed_at ~= '' then put('cancel_observed_at', clamp(observed_at)) end
 end
-finalize(run_id, status, end_reason, fields, retention_ms, pub, auth)
-return {'ok', status, end_reason}
+finalize(run_id, status, end_reason, fields, retention_ms, pub)
+return reply({'ok', status, end_reason})
 """)
 
 # KEYS[1] nodes zset (any key of the namespace: it only routes the call)
@@ -504,6 +577,9 @@ end
 add_event(run_id, 'run.reasserted', {owner = node_id})
 return {'recreated'}
 """)
+
+# The scripts that may notify nodes: they answer {notices, reply} (see the module docstring).
+NOTIFYING = frozenset({"register_node", "reap", "leave_node", "request_cancel", "finish_run"})
 
 ALL_SCRIPTS = {
     "register_node": REGISTER_NODE,

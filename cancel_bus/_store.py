@@ -5,7 +5,9 @@ Every call goes through :func:`translated`, so no ``redis.exceptions`` error lea
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, cast
@@ -14,10 +16,14 @@ from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 from redis.commands.core import AsyncScript
 
+from ._errors import CancelBusError
 from ._keys import KeySpace
+from ._messages import MessageSigner, decode
 from ._redis import translated
-from ._scripts import ALL_SCRIPTS
-from ._types import ACTIVE_STATUSES, CancelMode, NodeInfo, RunEvent, RunInfo, RunStatus
+from ._scripts import ALL_SCRIPTS, NOTIFYING
+from ._types import ACTIVE_STATUSES, CancelMode, NodeInfo, RunEvent, RunInfo, RunStatus, StopCause
+
+log = logging.getLogger("cancel_bus")
 
 StatusFilter = RunStatus | Literal["active", "all"]
 _Entries = list[tuple[str, dict[str, str]]]
@@ -30,7 +36,8 @@ def _fields(flat: Sequence[str]) -> dict[str, str]:
 
 @dataclass(frozen=True, slots=True)
 class CancelAnswer:
-    """What ``request_cancel`` answered: a code (an Outcome value), the run, the receiver count."""
+    """What ``request_cancel`` answered: a code (an Outcome value), the run, and how many
+    subscribers the cancel message reached (-1: none was sent, the caller is the owner)."""
 
     code: str
     run: RunInfo | None
@@ -48,13 +55,24 @@ class SyncItem:
 
 
 class RunStore:
+    """``signer``: on a signed bus the scripts hand their notices back, and the store seals each
+    (bound to its recipient) and publishes it; otherwise the scripts publish them."""
+
     def __init__(
-        self, redis: Redis | RedisCluster, keys: KeySpace, *, retention: float, pub_command: str
+        self,
+        redis: Redis | RedisCluster,
+        keys: KeySpace,
+        *,
+        retention: float,
+        pub_command: str,
+        signer: MessageSigner | None = None,
     ) -> None:
         self.redis = redis
         self.keys = keys
         self.retention_ms = str(int(retention * 1000))
         self.pub_command = pub_command
+        self._signer = signer if signer is not None and signer.enabled else None
+        self._script_pub = "" if self._signer is not None else pub_command
         self._scripts: dict[str, AsyncScript] = {
             name: redis.register_script(text) for name, text in ALL_SCRIPTS.items()
         }
@@ -63,19 +81,55 @@ class RunStore:
         with translated(name):
             return await self._scripts[name](keys=keys, args=args)
 
+    async def _eval_notifying(
+        self, name: str, keys: list[str], args: list[str]
+    ) -> tuple[Any, dict[str, int]]:
+        """A script that may notify nodes: -> its answer, and receivers by kind of the notices
+        the store sent for it (none when the script published them itself)."""
+        assert name in NOTIFYING
+        notices, answer = await self._eval(name, keys, args)
+        return answer, (await self._publish(notices) if notices else {})
+
+    async def _publish(self, notices: list[list[str]]) -> dict[str, int]:
+        """Seal and send the notices a script kept; -> receivers by kind of message. The state is
+        already written: a notice that cannot be sent is left to the sweeps."""
+        assert self._signer is not None
+        signer = self._signer
+
+        async def send(node_id: str, body: dict[str, Any]) -> int:
+            with translated("publish"):
+                count = await self.redis.execute_command(
+                    self.pub_command, self.keys.channel(node_id), signer.seal(body)
+                )
+            return int(count)
+
+        bodies = [(node_id, decode(message) or {}) for node_id, message in notices]
+        counts = await asyncio.gather(
+            *(send(node_id, body) for node_id, body in bodies), return_exceptions=True
+        )
+        receivers: dict[str, int] = {}
+        for (_, body), sent in zip(bodies, counts, strict=True):
+            if isinstance(sent, CancelBusError):
+                log.debug("cancel-bus: a notice was not sent: %s", sent)
+            elif isinstance(sent, BaseException):
+                raise sent
+            kind = str(body.get("k"))
+            receivers[kind] = receivers.get(kind, 0) + (sent if isinstance(sent, int) else 0)
+        return receivers
+
     # -- nodes --------------------------------------------------------------------------------
 
     async def register_node(
-        self, node_id: str, lease_ttl: float, version: str, auth: str, epoch: str, restore: bool
+        self, node_id: str, lease_ttl: float, version: str, epoch: str, restore: bool
     ) -> tuple[str, float]:
         """-> (code, server time); code is ok | in_use | busy | fenced (restore refused)."""
         k = self.keys
-        reply = await self._eval(
+        reply, _ = await self._eval_notifying(
             "register_node",
             [k.nodes, k.node(node_id)],
             [
-                node_id, str(int(lease_ttl * 1000)), version, self.retention_ms, self.pub_command,
-                auth, epoch, "1" if restore else "0",
+                node_id, _ms(lease_ttl), version, self.retention_ms, self._script_pub,
+                _ms(lease_ttl / 3), epoch, "1" if restore else "0",
             ],
         )  # fmt: skip
         return reply[0], float(reply[1])
@@ -85,22 +139,22 @@ class RunStore:
         reply = await self._eval(
             "heartbeat",
             [self.keys.nodes, self.keys.node(node_id)],
-            [node_id, epoch, str(int(lease_ttl * 1000))],
+            [node_id, epoch, _ms(lease_ttl), _ms(lease_ttl / 3)],
         )
         return reply[0], float(reply[1]), int(reply[2]) if len(reply) > 2 else 0
 
-    async def reap(self, budget: int, auth: str) -> tuple[int, int, bool]:
+    async def reap(self, budget: int) -> tuple[int, int, bool]:
         """-> (runs resolved, nodes reaped, more expired nodes left)."""
-        reply = await self._eval(
-            "reap", [self.keys.nodes], [str(budget), self.retention_ms, self.pub_command, auth]
+        reply, _ = await self._eval_notifying(
+            "reap", [self.keys.nodes], [str(budget), self.retention_ms, self._script_pub]
         )
         return int(reply[0]), int(reply[1]), bool(reply[2])
 
-    async def leave_node(self, node_id: str, epoch: str, auth: str) -> tuple[str, bool]:
-        reply = await self._eval(
+    async def leave_node(self, node_id: str, epoch: str) -> tuple[str, bool]:
+        reply, _ = await self._eval_notifying(
             "leave_node",
             [self.keys.node(node_id)],
-            [node_id, epoch, self.retention_ms, self.pub_command, auth],
+            [node_id, epoch, self.retention_ms, self._script_pub],
         )
         return reply[0], len(reply) > 2 and bool(reply[2])
 
@@ -115,8 +169,8 @@ class RunStore:
         metadata: dict[str, Any] | None,
         relay: bool,
     ) -> tuple[str, RunInfo | None, str]:
-        """-> (code, run, detail); code is ok | fenced | exists (with the run) | session_busy
-        (detail: the active run's id)."""
+        """-> (code, run, detail); code is ok | fenced | missing | exists (with the run: taken,
+        or queued for another session) | session_busy (detail: the active run's id)."""
         app, user, sess = session or ("", "", "")
         reply = await self._eval(
             "start_run",
@@ -164,10 +218,9 @@ class RunStore:
         requested_by: str | None,
         waiter: str,
         caller: str,
-        auth: str,
     ) -> CancelAnswer:
         key = self.keys.run(run_id) if run_id is not None else self.keys.session(*session or ())
-        reply = await self._eval(
+        reply, sent = await self._eval_notifying(
             "request_cancel",
             [key],
             [
@@ -179,12 +232,12 @@ class RunStore:
                 waiter,
                 caller,
                 self.retention_ms,
-                self.pub_command,
-                auth,
+                self._script_pub,
             ],
         )
         run = RunInfo.from_redis(_fields(reply[1])) if len(reply) > 1 else None
-        return CancelAnswer(reply[0], run, int(reply[2]) if len(reply) > 2 else -1)
+        receivers = int(reply[2]) if len(reply) > 2 else -1
+        return CancelAnswer(reply[0], run, sent.get("cancel", receivers))
 
     async def finish_run(
         self,
@@ -193,17 +246,18 @@ class RunStore:
         node_id: str,
         epoch: str,
         status: RunStatus,
+        stop_cause: StopCause | None,
         output: str,
         output_truncated: bool,
         error: str | None,
         phase: str | None,
         delivered_at: float | None,
         observed_at: float | None,
-        auth: str,
         record: dict[str, str],
     ) -> tuple[str, str, str]:
-        """-> (code, final status, end reason); code is ok | done | fenced."""
-        reply = await self._eval(
+        """-> (code, final status, end reason); code is ok | done | fenced | missing.
+        ``stop_cause``: why the node stopped the run without a request, if it did."""
+        reply, _ = await self._eval_notifying(
             "finish_run",
             [self.keys.run(run_id)],
             [
@@ -211,6 +265,7 @@ class RunStore:
                 node_id,
                 epoch,
                 status.value,
+                stop_cause.value if stop_cause is not None else "",
                 output,
                 "1" if output_truncated else "0",
                 error or "",
@@ -218,8 +273,7 @@ class RunStore:
                 _time_or_empty(delivered_at),
                 _time_or_empty(observed_at),
                 self.retention_ms,
-                self.pub_command,
-                auth,
+                self._script_pub,
                 json.dumps(record),
             ],
         )
@@ -318,17 +372,21 @@ class RunStore:
         return cast(list[str], ids)
 
     async def list_nodes(self, now: float) -> list[NodeInfo]:
-        """The nodes holding a lease; ``now`` (server clock) tells which leases have expired."""
+        """The nodes holding a lease; ``now`` (server clock) tells which leases have expired.
+        Leases are kept on the lease clock; ``lease_expires_at`` is when they would expire on
+        the server clock if heartbeats kept reaching Redis."""
         with translated("list_nodes"):
             entries = cast(
                 list[tuple[str, float]],
                 await self.redis.zrange(self.keys.nodes, 0, -1, withscores=True),
             )
             async with self.redis.pipeline(transaction=False) as pipe:
+                pipe.hmget(self.keys.lease_clock, "last", "at", "cap")
                 for node_id, _ in entries:
                     pipe.hgetall(self.keys.node(node_id))
                     pipe.scard(self.keys.node_runs(node_id))
-                rows = await pipe.execute()
+                clock, *rows = await pipe.execute()
+        lease_now = _lease_clock(clock, now)
         nodes = []
         for (node_id, expires), fields, runs in zip(entries, rows[::2], rows[1::2], strict=True):
             if not fields:
@@ -339,10 +397,10 @@ class RunStore:
                     epoch=fields.get("epoch", ""),
                     started_at=float(fields.get("started_at", 0)),
                     last_heartbeat=float(fields.get("last_heartbeat", 0)),
-                    lease_expires_at=expires,
+                    lease_expires_at=now + expires - lease_now,
                     active_runs=runs,
                     version=fields.get("version", ""),
-                    expired=expires <= now or fields.get("state") != "alive",
+                    expired=expires <= lease_now or fields.get("state") != "alive",
                 )
             )
         return nodes
@@ -443,6 +501,18 @@ def _matches(
 
 def _json_or_empty(value: dict[str, Any] | None) -> str:
     return "" if value is None else json.dumps(value, separators=(",", ":"))
+
+
+def _lease_clock(clock: list[str | None], now: float) -> float:
+    """The lease clock at ``now`` (server clock), as the scripts compute it (``_scripts.py``)."""
+    last, at, cap = clock
+    if last is None or at is None or cap is None:
+        return now
+    return float(at) + min(max(now - float(last), 0.0), float(cap))
+
+
+def _ms(seconds: float) -> str:
+    return str(int(seconds * 1000))
 
 
 def _time_or_empty(value: float | None) -> str:

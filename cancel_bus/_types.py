@@ -59,17 +59,32 @@ class Outcome(StrEnum):
     OWNER_LOST = "owner_lost"
 
 
-EndReason = Literal["completed", "cancelled", "error", "owner_lost"]
+class StopCause(StrEnum):
+    """Why a run was told to stop. Only ``REQUESTED`` and ``NODE_SHUTDOWN`` are cancels (a
+    drain records its request); the others end the run ``failed`` with the cause as its
+    ``end_reason`` — a run is recorded ``cancelled`` only if someone asked."""
+
+    REQUESTED = "requested"  # a cancel request, recorded in Redis
+    NODE_SHUTDOWN = "node_shutdown"  # its node drained
+    LEASE_LOST = "lease_lost"  # Redis says its node's lease is gone (the node was fenced)
+    REDIS_UNREACHABLE = "redis_unreachable"  # its node lost Redis for the self-fence deadline
+
+
+EndReason = Literal[
+    "completed", "cancelled", "error", "owner_lost", "lease_lost", "redis_unreachable"
+]
 
 
 @dataclass(frozen=True, slots=True)
 class CancelRequest:
-    """The durable intent to stop a run. The first request wins; a stronger mode escalates."""
+    """The intent to stop a run. The first request wins; a stronger mode escalates. ``cause``
+    says who or what asked: a recorded request, or the run's own node stopping it."""
 
     mode: CancelMode
     reason: str | None
     requested_by: str | None
     requested_at: float
+    cause: StopCause = StopCause.REQUESTED
 
 
 class RunInfo(BaseModel):
@@ -170,8 +185,14 @@ class BusStats:
     cancels_requested: int = 0
     cancels_delivered: int = 0
     cancels_recovered_by_sweep: int = 0
-    messages_rejected: int = 0
+    messages_rejected: int = 0  # every message dropped, whatever the reason below
+    messages_malformed: int = 0
+    messages_forged: int = 0  # no valid seal (signed buses)
+    messages_stale: int = 0  # sealed outside the time window
+    messages_replayed: int = 0  # a nonce this node has seen
+    messages_misaddressed: int = 0  # for another node, incarnation or run
     leases_lost: int = 0
+    self_fences: int = 0  # runs stopped because Redis was unreachable for the deadline
     runs_reaped: int = 0
     nodes_reaped: int = 0
     runs_reasserted: int = 0

@@ -7,8 +7,8 @@ from Redis's answer) is kept for a short while, so the waiter still finds it.
 from __future__ import annotations
 
 import asyncio
-import time
 
+from ._timed import TimedMap
 from ._types import RunInfo
 
 RECENT_SECONDS = 60.0
@@ -21,13 +21,13 @@ class Waiters:
 
     def __init__(self) -> None:
         self._futures: dict[str, set[asyncio.Future[RunInfo | None]]] = {}
-        self._recent: dict[str, tuple[float, RunInfo | None]] = {}
+        self._recent: TimedMap[str, tuple[RunInfo | None]] = TimedMap(RECENT_SECONDS, RECENT_MAX)
 
     def add(self, run_id: str) -> asyncio.Future[RunInfo | None]:
         future: asyncio.Future[RunInfo | None] = asyncio.get_running_loop().create_future()
         recent = self._recent.get(run_id)
         if recent is not None:
-            future.set_result(recent[1])
+            future.set_result(recent[0])
         else:
             self._futures.setdefault(run_id, set()).add(future)
         return future
@@ -40,22 +40,17 @@ class Waiters:
                 del self._futures[run_id]
 
     def resolve(self, run_id: str, run: RunInfo | None) -> None:
-        self._remember(run_id, run)
+        self._recent.put(run_id, (run,))
         for future in self._futures.pop(run_id, ()):
             if not future.done():
                 future.set_result(run)
+
+    def forget(self, run_id: str) -> None:
+        """Drop a notice found wrong (the run is still active): later waiters wait again."""
+        self._recent.pop(run_id)
 
     def run_ids(self) -> list[str]:
         return list(self._futures)
 
     def __len__(self) -> int:
         return sum(len(futures) for futures in self._futures.values())
-
-    def _remember(self, run_id: str, run: RunInfo | None) -> None:
-        now = time.monotonic()
-        while self._recent:
-            oldest, (at, _) = next(iter(self._recent.items()))
-            if now - at <= RECENT_SECONDS and len(self._recent) < RECENT_MAX:
-                break
-            del self._recent[oldest]
-        self._recent[run_id] = (now, run)

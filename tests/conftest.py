@@ -26,6 +26,14 @@ def redis_server() -> Iterator[EmbeddedServer]:
 
 
 @pytest.fixture
+def own_server() -> Iterator[EmbeddedServer]:
+    """A server of the test's own, for faults that hit everyone on it (restart, SIGSTOP)."""
+    server = EmbeddedServer().start()
+    yield server
+    server.cleanup()
+
+
+@pytest.fixture
 def redis_url(redis_server: EmbeddedServer) -> str:
     return redis_server.url
 

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-import time
+from typing import Any
 
 import pytest
 
 from cancel_bus import (
+    CancelBus,
     CancelMode,
-    CancelRequest,
     Outcome,
     RunCancelled,
     RunExists,
@@ -18,7 +18,7 @@ from cancel_bus import (
 )
 
 from .conftest import BusFactory
-from .helpers import WAIT, LoopingRun
+from .helpers import WAIT, LoopingRun, eventually
 
 
 async def test_cancel_from_another_node_stops_run_at_checkpoint(make_bus: BusFactory) -> None:
@@ -512,24 +512,30 @@ async def test_cancel_callbacks_fire_on_delivery_and_escalation(make_bus: BusFac
 
 
 async def test_an_immediate_cancel_that_beats_the_registration_still_interrupts(
-    make_bus: BusFactory,
+    make_bus: BusFactory, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     a, b = await make_bus(), await make_bus()
-    entered = asyncio.Event()
-    reached_end = False
+    register = a._store.start_run
+
+    async def cancelled_in_between(run_id: str, *args: Any) -> Any:
+        """The run is recorded, then the cancel's message reaches the owner before the
+        registration's answer does."""
+        answer = await register(run_id, *args)
+        await b.cancel(run_id, mode="immediate", wait=False)
+        await eventually(lambda: _remembered(a, run_id))
+        return answer
+
+    monkeypatch.setattr(a._store, "start_run", cancelled_in_between)
 
     async def work() -> None:
-        nonlocal reached_end
-        async with a.run("early-bird") as run:
-            entered.set()
-            await asyncio.sleep(3600)
-            reached_end = run is None
+        async with a.run("early-bird"):
+            await asyncio.sleep(3600)  # interrupted by the cancel that came first
 
-    # the message arrives on the owner before start_run has returned there
-    a._remember_early("early-bird", CancelRequest(CancelMode.IMMEDIATE, "early", "b", time.time()))
-    task = asyncio.create_task(work())
-    await asyncio.wait_for(entered.wait(), WAIT)
-    await asyncio.wait_for(task, WAIT)
-    assert not reached_end
+    await asyncio.wait_for(work(), WAIT)
     final = await b.get_run("early-bird")
     assert final is not None and final.status is RunStatus.CANCELLED
+    assert final.end_reason == "cancelled" and final.cancel_mode is CancelMode.IMMEDIATE
+
+
+async def _remembered(bus: CancelBus, run_id: str) -> bool:
+    return run_id in bus._early_cancels

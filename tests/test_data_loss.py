@@ -4,7 +4,7 @@ cancels within a heartbeat, so cancels work again and no finish is lost."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 
 import pytest
 
@@ -14,13 +14,6 @@ from node.embedded import EmbeddedServer
 from .helpers import WAIT, LoopingRun, eventually
 
 LEASE = 1.5
-
-
-@pytest.fixture
-def own_server() -> Iterator[EmbeddedServer]:
-    server = EmbeddedServer().start()
-    yield server
-    server.cleanup()
 
 
 @pytest.fixture

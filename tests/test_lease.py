@@ -13,6 +13,7 @@ from cancel_bus import _lease
 from cancel_bus._keys import KeySpace
 from cancel_bus._lease import Lease
 from cancel_bus._store import RunStore
+from cancel_bus._types import StopCause
 
 from .helpers import WAIT
 
@@ -25,7 +26,7 @@ class Holder:
 
     async def lease_renewed(self, recorded_runs: int) -> None: ...
 
-    async def lease_lost(self, why: str) -> None: ...
+    async def lease_lost(self, cause: StopCause, why: str) -> None: ...
 
     async def lease_missing(self) -> None: ...
 
@@ -41,12 +42,12 @@ async def test_reaping_yields_to_the_next_heartbeat(
     monkeypatch.setattr(_lease, "REAP_BUDGET", 1)  # a script per run: far more than 50 ms
     store = RunStore(raw_redis, KeySpace(namespace), retention=3600, pub_command="PUBLISH")
     epoch = uuid.uuid4().hex[:16]
-    assert (await store.register_node("dead", 60, "test", "", epoch, restore=False))[0] == "ok"
+    assert (await store.register_node("dead", 60, "test", epoch, restore=False))[0] == "ok"
     for i in range(DEAD_RUNS):
         assert (await store.start_run(f"r{i}", "dead", epoch, None, None, False))[0] == "ok"
     await raw_redis.zadd(store.keys.nodes, {"dead": time.time() - 1})  # its lease expired
     holder = Holder()
-    lease = Lease(store, lease_ttl=0.3, version="test", auth=lambda: "", holder=holder)
+    lease = Lease(store, lease_ttl=0.3, self_fence_after=60, version="test", holder=holder)
 
     await asyncio.wait_for(lease.reap(), WAIT)
     assert 0 < holder.reaped < DEAD_RUNS  # one beat's share, the rest left for the next beats

@@ -12,7 +12,7 @@ import redis.asyncio as aioredis
 from cancel_bus._keys import KeySpace
 from cancel_bus._scripts import ALL_SCRIPTS, EVENTS_MAX, PRELUDE
 from cancel_bus._store import RunStore
-from cancel_bus._types import CancelMode, RunStatus
+from cancel_bus._types import CancelMode, RunStatus, StopCause
 
 LEASE = 30.0
 
@@ -24,7 +24,7 @@ async def store(raw_redis: aioredis.Redis, namespace: str) -> RunStore:
 
 async def _node(store: RunStore, node_id: str = "n1") -> str:
     epoch = uuid.uuid4().hex[:16]
-    code, _ = await store.register_node(node_id, LEASE, "test", "", epoch, restore=False)
+    code, _ = await store.register_node(node_id, LEASE, "test", epoch, restore=False)
     assert code == "ok"
     return epoch
 
@@ -44,13 +44,13 @@ async def _finish(
         node_id=node,
         epoch=epoch,
         status=status,
+        stop_cause=None,
         output="out",
         output_truncated=False,
         error=None,
         phase=None,
         delivered_at=None,
         observed_at=None,
-        auth="",
         record={},
     )
 
@@ -71,13 +71,13 @@ async def _cancel(
         requested_by="tester",
         waiter=waiter,
         caller="caller",
-        auth="",
     )
     return answer.code, answer.run, answer.receivers
 
 
 def test_every_script_names_its_keys_and_argv_as_locals_at_the_top() -> None:
     for name, text in ALL_SCRIPTS.items():
+        assert text.startswith(PRELUDE), name
         lines = text.removeprefix(PRELUDE).strip().splitlines()
         assert lines[0].startswith("local ") and "KEYS[" in lines[0], name
         assert all("KEYS[" not in line for line in lines[1:]), name
@@ -88,7 +88,7 @@ def test_every_script_names_its_keys_and_argv_as_locals_at_the_top() -> None:
 
 async def test_register_node_twice_refuses_a_live_incarnation(store: RunStore) -> None:
     await _node(store)
-    code, _ = await store.register_node("n1", LEASE, "test", "", "other", restore=False)
+    code, _ = await store.register_node("n1", LEASE, "test", "other", restore=False)
     assert code == "in_use"
     assert (await store.heartbeat("n1", "other", LEASE))[0] == "fenced"
 
@@ -99,7 +99,7 @@ async def test_register_node_after_expiry_reaps_the_old_incarnation_first(
     epoch = await _node(store)
     await _start(store, "r1", "n1", epoch)
     await raw_redis.zadd(store.keys.nodes, {"n1": time.time() - 1})
-    code, _ = await store.register_node("n1", LEASE, "test", "", "new-epoch", restore=False)
+    code, _ = await store.register_node("n1", LEASE, "test", "new-epoch", restore=False)
     assert code == "ok"
     run = await store.get_run("r1")
     assert run is not None and run.status is RunStatus.FAILED and run.end_reason == "owner_lost"
@@ -111,14 +111,14 @@ async def test_register_node_restores_an_incarnation_only_if_redis_forgot_it(
     store: RunStore, raw_redis: aioredis.Redis
 ) -> None:
     epoch = await _node(store)
-    assert (await store.register_node("n1", LEASE, "test", "", epoch, restore=True))[0] == "ok"
+    assert (await store.register_node("n1", LEASE, "test", epoch, restore=True))[0] == "ok"
     await raw_redis.zadd(store.keys.nodes, {"n1": time.time() - 1})  # expired: fenced
     assert (await store.heartbeat("n1", epoch, LEASE))[0] == "fenced"
-    restored = await store.register_node("n1", LEASE, "test", "", epoch, restore=True)
+    restored = await store.register_node("n1", LEASE, "test", epoch, restore=True)
     assert restored[0] == "fenced"  # Redis still knows the incarnation was fenced
     await raw_redis.delete(store.keys.node("n1"))
     await raw_redis.zrem(store.keys.nodes, "n1")  # now Redis forgot it
-    restored = await store.register_node("n1", LEASE, "test", "", epoch, restore=True)
+    restored = await store.register_node("n1", LEASE, "test", epoch, restore=True)
     assert restored[0] == "ok"
     assert (await store.heartbeat("n1", epoch, LEASE))[0] == "ok"
 
@@ -239,13 +239,13 @@ async def test_finish_recreates_a_record_redis_lost(store: RunStore) -> None:
         node_id="n1",
         epoch=epoch,
         status=RunStatus.SUCCEEDED,
+        stop_cause=None,
         output="o",
         output_truncated=False,
         error=None,
         phase=None,
         delivered_at=None,
         observed_at=None,
-        auth="",
         record=record,
     )
     assert (code, status) == ("ok", "succeeded")
@@ -268,9 +268,9 @@ async def test_reap_resolves_runs_of_expired_nodes_only(
     await _start(store, "r3", "n2", e2)
     await _cancel(store, "r2", waiter="w")
     await raw_redis.zadd(store.keys.nodes, {"n1": time.time() - 1})
-    assert await store.reap(1, "") == (1, 0, True)  # bounded work per call
-    assert await store.reap(100, "") == (1, 1, False)
-    assert await store.reap(100, "") == (0, 0, False)  # nothing left: twice is a no-op
+    assert await store.reap(1) == (1, 0, True)  # bounded work per call
+    assert await store.reap(100) == (1, 1, False)
+    assert await store.reap(100) == (0, 0, False)  # nothing left: twice is a no-op
     r1, r2, r3 = [await store.get_run(i) for i in ("r1", "r2", "r3")]
     assert r1 is not None and r1.status is RunStatus.FAILED and r1.end_reason == "owner_lost"
     assert r2 is not None and r2.status is RunStatus.CANCELLED and r2.end_reason == "owner_lost"
@@ -332,3 +332,77 @@ async def test_event_streams_are_capped(store: RunStore, raw_redis: aioredis.Red
         await store.set_waiting("r1", "n1", epoch, RunStatus.WAITING)
         await store.set_waiting("r1", "n1", epoch, RunStatus.RUNNING)
     assert await raw_redis.llen(store.keys.events("r1")) == EVENTS_MAX
+
+
+async def test_a_namespace_wide_silence_costs_a_lease_one_interval_at_most(
+    store: RunStore, raw_redis: aioredis.Redis
+) -> None:
+    e1, e2 = await _node(store, "n1"), await _node(store, "n2")
+    await _start(store, "r1", "n1", e1)
+    clock = await raw_redis.hgetall(store.keys.lease_clock)
+    silence = float(clock["last"]) - 1000  # as if no heartbeat had reached Redis for 1000 s
+    await raw_redis.hset(store.keys.lease_clock, "last", f"{silence:.6f}")
+    assert (await store.heartbeat("n2", e2, LEASE))[0] == "ok"
+    assert await store.reap(100) == (0, 0, False)  # n1 is not reaped...
+    assert (await store.heartbeat("n1", e1, LEASE))[0] == "ok"  # ... nor fenced
+    after = await raw_redis.hgetall(store.keys.lease_clock)
+    advanced = float(after["at"]) - float(clock["at"])
+    assert LEASE / 3 <= advanced < LEASE / 3 + 1  # the silence counted one interval
+    nodes = {node.node_id: node for node in await store.list_nodes(time.time())}
+    assert not nodes["n1"].expired
+    # a node that stays silent while others beat does expire, on the lease clock
+    await raw_redis.zadd(store.keys.nodes, {"n1": float(after["at"]) - 1})
+    assert await store.reap(100) == (1, 1, False)
+
+
+async def test_a_run_is_recorded_cancelled_only_if_someone_asked(store: RunStore) -> None:
+    epoch = await _node(store)
+    for run_id in ("plain", "fenced", "unreachable", "drained", "asked"):
+        await _start(store, run_id, "n1", epoch)
+    await _cancel(store, "asked")
+
+    async def finish(run_id: str, cause: StopCause | None) -> tuple[str, str, str]:
+        return await store.finish_run(
+            run_id=run_id,
+            node_id="n1",
+            epoch=epoch,
+            status=RunStatus.CANCELLED,  # the code stopped as for a cancel
+            stop_cause=cause,
+            output="",
+            output_truncated=False,
+            error=None,
+            phase=None,
+            delivered_at=None,
+            observed_at=None,
+            record={},
+        )
+
+    assert await finish("plain", None) == ("ok", "failed", "error")
+    assert await finish("fenced", StopCause.LEASE_LOST) == ("ok", "failed", "lease_lost")
+    unreachable = await finish("unreachable", StopCause.REDIS_UNREACHABLE)
+    assert unreachable == ("ok", "failed", "redis_unreachable")
+    assert await finish("drained", StopCause.NODE_SHUTDOWN) == ("ok", "cancelled", "cancelled")
+    assert await finish("asked", StopCause.LEASE_LOST) == ("ok", "cancelled", "lease_lost")
+    for run_id in ("plain", "fenced", "unreachable"):
+        run = await store.get_run(run_id)
+        assert run is not None and run.cancel_requested_at is None
+    drained = await store.get_run("drained")
+    assert drained is not None and drained.cancel_reason == "node_shutdown"
+    assert drained.requested_by == "n1" and drained.cancel_requested_at is not None
+    assert "run.cancel_requested" in [e.type for e in await store.events("drained")]
+
+
+async def test_a_queued_run_is_claimed_only_by_its_own_session(store: RunStore) -> None:
+    epoch = await _node(store)
+    code, _, _ = await store.enqueue_run("q1", ("app", "alice", "s"), {"secret": 1})
+    assert code == "ok"
+    for stranger in (("app", "bob", "s"), ("app", "alice", "other"), ("other", "alice", "s")):
+        code, run, _ = await store.start_run("q1", "n1", epoch, stranger, None, False)
+        assert code == "exists" and run is not None and run.status is RunStatus.QUEUED
+    code, run, _ = await store.start_run("q1", "n1", epoch, ("app", "alice", "s"), None, False)
+    assert code == "ok" and run is not None and run.status is RunStatus.RUNNING
+    assert (await store.enqueue_run("q2", None, None))[0] == "ok"
+    code, _, _ = await store.start_run("q2", "n1", epoch, ("app", "bob", "s"), None, False)
+    assert code == "exists"  # a run queued without a session is not a user's to claim
+    code, _, _ = await store.start_run("q2", "n1", epoch, None, None, False)
+    assert code == "ok"  # the library claims it by id alone

@@ -1,4 +1,5 @@
-"""Security on real servers: replayed and stale bus messages, a namespace-scoped ACL user, TLS."""
+"""Security on real servers: captured bus messages replayed, re-aimed and sent elsewhere; key
+rotation; a namespace-scoped ACL user; TLS."""
 
 from __future__ import annotations
 
@@ -13,9 +14,9 @@ import pytest
 import redis.asyncio as aioredis
 from redis.exceptions import NoPermissionError
 
-from cancel_bus import BusUnavailable, CancelBus, CancelMode, Outcome, RunStatus
+from cancel_bus import BusUnavailable, CancelBus, Outcome, RunStatus
 from cancel_bus._keys import KeySpace
-from cancel_bus._messages import MessageSigner, cancel_purpose
+from cancel_bus._messages import MessageSigner
 from node.embedded import EmbeddedServer, free_port
 
 from .conftest import BusFactory
@@ -32,28 +33,123 @@ async def _capture(pubsub: aioredis.client.PubSub) -> str:
                 return str(message["data"])
 
 
-async def test_a_replayed_cancel_is_dropped_and_counted(
+async def _listen(redis: aioredis.Redis, bus: CancelBus) -> aioredis.client.PubSub:
+    """An eavesdropper on the bus node's channel."""
+    pubsub = redis.pubsub()
+    await pubsub.subscribe(bus.keys.channel(bus.node_id))
+    return pubsub
+
+
+async def _publish_to(redis: aioredis.Redis, bus: CancelBus, body: dict[str, object]) -> None:
+    await redis.publish(bus.keys.channel(bus.node_id), json.dumps(body))
+
+
+async def test_a_captured_cancel_is_useless_replayed_re_aimed_or_elsewhere(
     make_bus: BusFactory, raw_redis: aioredis.Redis
 ) -> None:
-    a = await make_bus(signing_key=KEY)
-    b = await make_bus(signing_key=KEY)
-    first = await LoopingRun(a).start()
-    pubsub = raw_redis.pubsub()
-    await pubsub.subscribe(a.keys.channel(a.node_id))
-    await b.cancel(first.run_id, wait=False)
-    genuine = await _capture(pubsub)
-    await first.done()
-    assert a.stats.messages_rejected == 0
-
-    second = await LoopingRun(a).start()
-    replay = json.loads(genuine) | {"r": second.run_id}  # aimed at another run
-    await raw_redis.publish(a.keys.channel(a.node_id), genuine)
-    await raw_redis.publish(a.keys.channel(a.node_id), json.dumps(replay))
+    a, b, c = [await make_bus(signing_key=KEY) for _ in range(3)]
+    x, y, z = [await LoopingRun(bus).start() for bus in (a, a, c)]
+    pubsub = await _listen(raw_redis, a)
+    await b.cancel(x.run_id, wait=False)
+    genuine = json.loads(await _capture(pubsub))
+    await x.done()
+    assert genuine["to"] == a.node_id and genuine["r"] == x.run_id
+    await _publish_to(raw_redis, a, genuine)  # replayed to its recipient
+    aimed = {"r": y.run_id, "tg": f"run:{y.run_id}", "m": "immediate", "em": "immediate"}
+    await _publish_to(raw_redis, a, genuine | aimed)  # at another run of the recipient
+    elsewhere = aimed | {"r": z.run_id, "tg": f"run:{z.run_id}", "to": c.node_id, "ep": c.epoch}
+    await _publish_to(raw_redis, c, genuine | elsewhere)  # at a run of another node
+    await _publish_to(raw_redis, c, genuine)  # unchanged, on another node's channel
     await eventually(lambda: _rejected(a, 2))
-    assert second.handle is not None and second.handle.cancel_requested is None
-    second.finish.set()
-    await second.done()
+    await eventually(lambda: _rejected(c, 2))
+    assert (a.stats.messages_replayed, a.stats.messages_forged) == (1, 1)
+    assert (c.stats.messages_forged, c.stats.messages_misaddressed) == (1, 1)
+    for run in (y, z):
+        assert run.handle is not None and run.handle.cancel_requested is None
+        record = await b.get_run(run.run_id)
+        assert record is not None and record.cancel_requested_at is None
+        run.finish.set()
+        await run.done()
     await pubsub.aclose()
+
+
+async def test_a_replayed_session_cancel_cannot_reach_a_later_run(
+    make_bus: BusFactory, raw_redis: aioredis.Redis
+) -> None:
+    a, b, c = [await make_bus(signing_key=KEY) for _ in range(3)]
+    session = {"app_name": "app", "user_id": "u", "session_id": "s"}
+    first = await LoopingRun(a, **session).start()
+    pubsub = await _listen(raw_redis, a)
+    result = await b.cancel_session("app", "u", "s", timeout=WAIT)
+    assert result.outcome is Outcome.CANCELLED
+    genuine = json.loads(await _capture(pubsub))
+    assert genuine["tg"] == "session:app:u:s" and genuine["r"] == first.run_id
+    later_here = await LoopingRun(a, **session).start()
+    await _publish_to(raw_redis, a, genuine)  # the same node: seen before
+    await eventually(lambda: _rejected(a, 1))
+    later_here.finish.set()
+    await later_here.done()
+    later_there = await LoopingRun(c, **session).start()
+    await _publish_to(raw_redis, c, genuine)  # sealed for the first run's owner only
+    await eventually(lambda: _rejected(c, 1))
+    assert a.stats.messages_replayed == 1 and c.stats.messages_misaddressed == 1
+    assert later_there.handle is not None and later_there.handle.cancel_requested is None
+    later_there.finish.set()
+    await later_there.done()
+    for run in (later_here, later_there):
+        record = await b.get_run(run.run_id)
+        assert record is not None and record.status is RunStatus.SUCCEEDED
+    await pubsub.aclose()
+
+
+@pytest.mark.parametrize("signed", [True, False])
+async def test_a_re_aimed_finish_notice_does_not_end_a_wait_early(
+    make_bus: BusFactory, raw_redis: aioredis.Redis, signed: bool
+) -> None:
+    key = KEY if signed else None
+    a, b = await make_bus(signing_key=key), await make_bus(signing_key=key)
+    stubborn = asyncio.Event()
+
+    async def never_checkpoints() -> None:
+        async with a.run(run_id="stubborn"):
+            await stubborn.wait()
+
+    task = asyncio.create_task(never_checkpoints())
+    await eventually(lambda: _active(b, "stubborn"))
+    waiting = asyncio.create_task(b.cancel("stubborn", timeout=2.0))
+    other = await LoopingRun(a).start()
+    pubsub = await _listen(raw_redis, b)
+    assert (await b.cancel(other.run_id, timeout=WAIT)).outcome is Outcome.CANCELLED
+    notice = json.loads(await _capture(pubsub))
+    assert notice["k"] == "finished" and notice["to"] == b.node_id
+    await _publish_to(raw_redis, b, notice | {"r": "stubborn"})
+    await eventually(lambda: _rejected(b, 1))
+    assert (b.stats.messages_forged if signed else b.stats.messages_misaddressed) == 1
+    result = await waiting  # answered at its timeout, not by the re-aimed notice
+    assert result.outcome is Outcome.STOPPING
+    stubborn.set()
+    await task
+    await pubsub.aclose()
+
+
+async def test_signing_keys_rotate_without_dropping_messages(
+    make_bus: BusFactory, raw_redis: aioredis.Redis
+) -> None:
+    old, new = "old-" + KEY, "new-" + KEY
+    a = await make_bus(signing_key=old, verification_keys=[new])
+    b = await make_bus(signing_key=new, verification_keys=[old])
+    outsider = await make_bus(signing_key="another-" + KEY)
+    for owner, canceller in ((a, b), (b, a)):
+        run = await LoopingRun(owner).start()
+        assert (await canceller.cancel(run.run_id, timeout=WAIT)).outcome is Outcome.CANCELLED
+        await run.done()
+    assert a.stats.messages_rejected == b.stats.messages_rejected == 0
+    run = await LoopingRun(a).start()
+    result = await outsider.cancel(run.run_id, timeout=WAIT)  # recorded; its doorbell is not
+    assert a.stats.messages_forged == 1
+    assert result.outcome is Outcome.CANCELLED  # Redis is the truth: the sweep delivered it
+    assert a.stats.cancels_recovered_by_sweep == 1
+    await run.done()
 
 
 async def test_a_stale_signed_cancel_is_dropped(
@@ -61,19 +157,20 @@ async def test_a_stale_signed_cancel_is_dropped(
 ) -> None:
     a = await make_bus(signing_key=KEY)
     run = await LoopingRun(a).start()
-    target = f"run:{run.run_id}"
-    old_clock = MessageSigner(a.keys.namespace, KEY.encode(), lambda: a.clock() - 120)
+    old_clock = MessageSigner(a.keys.namespace, [KEY.encode()], lambda: a.clock() - 120)
     message = {
         "k": "cancel",
         "r": run.run_id,
-        "tg": target,
+        "tg": f"run:{run.run_id}",
         "m": "immediate",
         "em": "immediate",
         "at": f"{a.clock():.6f}",
-        "a": old_clock.auth(cancel_purpose(target, CancelMode.IMMEDIATE)),
+        "to": a.node_id,
+        "ep": a.epoch,
     }
-    await raw_redis.publish(a.keys.channel(a.node_id), json.dumps(message))
+    await raw_redis.publish(a.keys.channel(a.node_id), old_clock.seal(message))
     await eventually(lambda: _rejected(a, 1))
+    assert a.stats.messages_stale == 1
     assert run.handle is not None and run.handle.cancel_requested is None
     run.finish.set()
     await run.done()
@@ -220,3 +317,8 @@ async def test_tls_to_redis(
 
 async def _rejected(bus: CancelBus, count: int) -> bool:
     return bus.stats.messages_rejected >= count
+
+
+async def _active(bus: CancelBus, run_id: str) -> bool:
+    run = await bus.get_run(run_id)
+    return run is not None and run.is_active
