@@ -7,7 +7,10 @@ never smuggle a separator, a glob character or a hash tag into a key.
 
 from __future__ import annotations
 
+import os
 import re
+import secrets
+import socket
 from dataclasses import dataclass
 
 from ._errors import InvalidArgument, InvalidId
@@ -45,10 +48,30 @@ ACL_COMMANDS = (
 )  # fmt: skip
 
 
+# Every name of a namespace after its prefix, one table for both sides: :class:`KeySpace` builds
+# names from it in Python, and :func:`lua_key_functions` gives the scripts a function per name
+# (``key_run(run_id)`` ...) built from the same templates.
+KEY_TEMPLATES: dict[str, str] = {
+    "active": "active",
+    "finished": "finished",
+    "nodes": "nodes",
+    "lease_clock": "clock",
+    "run": "run:{run_id}",
+    "events": "ev:{run_id}",
+    "relay": "out:{run_id}",
+    "waiters": "wait:{run_id}",
+    "session": "sess:{app_name}:{user_id}:{session_id}",
+    "node": "node:{node_id}",
+    "node_runs": "node:{node_id}:runs",
+    "node_pending": "node:{node_id}:pending",
+    "channel": "chan:{node_id}",
+}
+_FIELD = re.compile(r"{(\w+)}")
+
+
 @dataclass(frozen=True, slots=True)
 class KeySpace:
-    """Names of one namespace. Scripts derive per-run and per-node names from :attr:`prefix`
-    the same way (see ``_scripts.py``); this class is the Python side of that contract."""
+    """Names of one namespace (see :data:`KEY_TEMPLATES`; the scripts build the same names)."""
 
     namespace: str
 
@@ -59,6 +82,9 @@ class KeySpace:
     def prefix(self) -> str:
         return f"cb:{{{self.namespace}}}:"
 
+    def name(self, kind: str, **ids: str) -> str:
+        return self.prefix + KEY_TEMPLATES[kind].format(**ids)
+
     def acl_rules(self) -> str:
         """The minimal Redis ACL rules for a user of this namespace only: its keys, its channels,
         the commands the library uses. ``ACL SETUSER <name> on ><password> <rules>``."""
@@ -67,56 +93,79 @@ class KeySpace:
     @property
     def active(self) -> str:
         """Sorted set of active run ids (queued, running, waiting), scored by creation time."""
-        return f"{self.prefix}active"
+        return self.name("active")
 
     @property
     def finished(self) -> str:
         """Sorted set of finished run ids, scored by finish time; pruned after retention."""
-        return f"{self.prefix}finished"
+        return self.name("finished")
 
     @property
     def nodes(self) -> str:
-        """Sorted set of live node ids, scored by lease expiry (seconds, Redis clock)."""
-        return f"{self.prefix}nodes"
+        """Sorted set of live node ids, scored by lease expiry on the lease clock."""
+        return self.name("nodes")
 
     @property
     def lease_clock(self) -> str:
         """Hash: the lease clock (``last`` heartbeat on the server clock, the clock's value ``at``
         it, the ``cap`` of one beat): lease time runs only while heartbeats reach Redis."""
-        return f"{self.prefix}clock"
+        return self.name("lease_clock")
 
     def run(self, run_id: str) -> str:
-        return f"{self.prefix}run:{run_id}"
+        return self.name("run", run_id=run_id)
 
     def events(self, run_id: str) -> str:
         """List of the run's lifecycle events after its start (JSON entries)."""
-        return f"{self.prefix}ev:{run_id}"
+        return self.name("events", run_id=run_id)
 
     def relay(self, run_id: str) -> str:
         """Stream of what the run emits (output, app events), for followers on other nodes."""
-        return f"{self.prefix}out:{run_id}"
+        return self.name("relay", run_id=run_id)
 
     def waiters(self, run_id: str) -> str:
         """Set of node ids waiting for the run to finish."""
-        return f"{self.prefix}wait:{run_id}"
+        return self.name("waiters", run_id=run_id)
 
     def session(self, app_name: str, user_id: str, session_id: str) -> str:
         """The active run id of a session key (ids cannot hold ':', so this is unambiguous)."""
-        return f"{self.prefix}sess:{app_name}:{user_id}:{session_id}"
+        return self.name("session", app_name=app_name, user_id=user_id, session_id=session_id)
 
     def node(self, node_id: str) -> str:
-        return f"{self.prefix}node:{node_id}"
+        return self.name("node", node_id=node_id)
 
     def node_runs(self, node_id: str) -> str:
-        return f"{self.prefix}node:{node_id}:runs"
+        return self.name("node_runs", node_id=node_id)
 
     def node_pending(self, node_id: str) -> str:
         """Hash run id -> cancel mode of the cancels pending on the node's runs."""
-        return f"{self.prefix}node:{node_id}:pending"
+        return self.name("node_pending", node_id=node_id)
 
     def channel(self, node_id: str) -> str:
         """The node's own pub/sub channel: cancels for its runs, finishes it waits for."""
-        return f"{self.prefix}chan:{node_id}"
+        return self.name("channel", node_id=node_id)
+
+
+def lua_key_functions() -> str:
+    """Lua: ``local function key_<kind>(<ids>) return P .. '<literal>' .. <id> ... end`` for
+    every template, ``P`` being the namespace prefix the script reads off ``KEYS[1]``."""
+    lines = []
+    for kind, template in KEY_TEMPLATES.items():
+        parts = _FIELD.split(template)  # literal, field, literal, field, ...
+        pieces = ["P"]
+        for i, part in enumerate(parts):
+            if i % 2:
+                pieces.append(part)
+            elif part:
+                pieces.append(f"'{part}'")
+        args = ", ".join(parts[1::2])
+        lines.append(f"local function key_{kind}({args}) return {' .. '.join(pieces)} end")
+    return "\n".join(lines)
+
+
+def new_node_id() -> str:
+    """host-pid-random: unique among live nodes, readable in a node list."""
+    host = "".join(c if c.isalnum() or c in "._-" else "-" for c in socket.gethostname())[:100]
+    return f"{host or 'node'}-{os.getpid()}-{secrets.token_hex(3)}"
 
 
 def acl_rules(*namespaces: str) -> str:

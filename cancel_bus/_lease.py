@@ -45,17 +45,17 @@ class Lease:
         self,
         store: RunStore,
         *,
+        node_id: str,
         lease_ttl: float,
         self_fence_after: float,
         version: str,
-        holder: LeaseHolder,
     ) -> None:
         self._store = store
         self.lease_ttl = lease_ttl
         self.self_fence_after = self_fence_after
         self._version = version
-        self._holder = holder
-        self.node_id = ""
+        self.holder: LeaseHolder | None = None  # told of renewals, losses, amnesia, reaps
+        self.node_id = node_id  # this incarnation's, once registered
         self.epoch = ""
         self.offset = 0.0
         self.valid = False  # Redis has not said this incarnation's lease is gone
@@ -142,7 +142,7 @@ class Lease:
         if silent > self.self_fence_after and not self.self_fenced:
             self.self_fenced = True
             why = f"no answer from Redis for {silent:.0f} s"
-            await self._holder.lease_lost(StopCause.REDIS_UNREACHABLE, why)
+            await self._tell().lease_lost(StopCause.REDIS_UNREACHABLE, why)
         sent, local_sent = time.monotonic(), time.time()
         try:
             async with asyncio.timeout(self.interval):
@@ -161,13 +161,13 @@ class Lease:
             return False
         if code == "fenced":
             self.valid = False
-            await self._holder.lease_lost(StopCause.LEASE_LOST, "Redis says the lease is gone")
+            await self._tell().lease_lost(StopCause.LEASE_LOST, "Redis says the lease is gone")
         elif code == "missing":
-            await self._holder.lease_missing()
+            await self._tell().lease_missing()
         else:
             self._renewed(sent, local_sent, server_now)
             self.self_fenced = False
-            await self._holder.lease_renewed(recorded)
+            await self._tell().lease_renewed(recorded)
             await self.reap()
         return True
 
@@ -180,11 +180,23 @@ class Lease:
             while True:
                 runs, nodes, more = await self._store.reap(REAP_BUDGET)
                 if runs or nodes:
-                    self._holder.count_reaped(runs, nodes)
+                    self._tell().count_reaped(runs, nodes)
                 if not more or time.monotonic() > until:
                     return
         except BusUnavailable as exc:
             log.warning("cancel-bus: reaping failed: %s", exc)
+
+    async def leave(self) -> None:
+        """Release the lease (a closing node): runs still recorded for it are resolved."""
+        while self.valid:
+            code, done = await self._store.leave_node(self.node_id, self.epoch)
+            if code != "ok" or done:
+                return
+
+    def _tell(self) -> LeaseHolder:
+        if self.holder is None:
+            raise RuntimeError("the lease has no holder")
+        return self.holder
 
     def _renewed(self, sent: float, local_sent: float, server_now: float) -> None:
         self._last_renewed = sent

@@ -26,7 +26,7 @@ from enum import StrEnum
 from typing import Any
 
 from ._timed import TimedMap
-from ._types import CancelMode, CancelRequest, RunInfo
+from ._types import CancelMode, CancelRequest, RunInfo, StopCause
 
 
 class Rejection(StrEnum):
@@ -136,6 +136,7 @@ def parse_message(body: dict[str, Any]) -> CancelMessage | FinishedMessage | Non
                 reason=_optional_text(body.get("reason")),
                 requested_by=_optional_text(body.get("by")),
                 requested_at=float(body["at"]),
+                cause=StopCause(body.get("c") or StopCause.USER),
             )
             return CancelMessage(
                 run_id=_text(body["r"]),
@@ -154,12 +155,16 @@ def parse_message(body: dict[str, Any]) -> CancelMessage | FinishedMessage | Non
     return None
 
 
+RUN_TARGET_PREFIX = "run:"
+SESSION_TARGET_PREFIX = "session:"
+
+
 def run_target(run_id: str) -> str:
-    return f"run:{run_id}"
+    return RUN_TARGET_PREFIX + run_id
 
 
 def session_target(session: tuple[str, str, str]) -> str:
-    return "session:" + ":".join(session)
+    return SESSION_TARGET_PREFIX + ":".join(session)
 
 
 def addressed_to(message: CancelMessage | FinishedMessage, node_id: str, epoch: str) -> bool:
@@ -171,7 +176,8 @@ def addressed_to(message: CancelMessage | FinishedMessage, node_id: str, epoch: 
         return message.run is None or message.run.run_id == message.run_id
     if message.epoch != epoch:
         return False
-    return message.target.startswith("session:") or message.target == run_target(message.run_id)
+    by_session = message.target.startswith(SESSION_TARGET_PREFIX)
+    return by_session or message.target == run_target(message.run_id)
 
 
 def _text(value: object) -> str:

@@ -1,7 +1,10 @@
-"""The owner side of one run: its local cancel token, checkpoints, output, and the run scope.
+"""One run on its owner: the public :class:`RunHandle` its code holds, the private
+:class:`RunState` the node works on, and the run scope.
 
-``checkpoint()`` is the hot path: one attribute test, no I/O, no lock, no allocation. Everything
-that writes to Redis (phase, delivery time, relayed output) is handed to the node and batched.
+The split follows trio's ``CancelScope`` / ``CancelStatus``: what a run's code calls
+(checkpoints, phase, output, pause) is on the handle; the token, the cancel timestamps and
+what awaits writing are on the state, which only the node's rooms touch. ``checkpoint()`` is the
+hot path: one attribute test, no I/O, no lock, no allocation.
 """
 
 from __future__ import annotations
@@ -12,26 +15,28 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from types import TracebackType
-from typing import Any, Protocol
+from typing import Any, NoReturn, Protocol
 
 from ._errors import RunCancelled
 from ._types import CancelMode, CancelRequest, RunInfo, RunStatus, StopCause
 
 log = logging.getLogger("cancel_bus")
 
+RelayEntry = tuple[str, str, str]  # event type, time, data as JSON
+
 
 class RunOwner(Protocol):
-    """What a run needs from its node (implemented by :class:`CancelBus`)."""
+    """What a run needs from its node (implemented by the node's table of live runs)."""
 
     def clock(self) -> float: ...
 
     async def start_run(self, spec: RunSpec) -> RunHandle: ...
 
-    async def finish_run(self, handle: RunHandle, status: RunStatus, error: str | None) -> None: ...
+    async def finish_run(self, state: RunState, ending: Ending) -> None: ...
 
-    async def set_waiting(self, handle: RunHandle, waiting: bool) -> None: ...
+    async def set_waiting(self, state: RunState, waiting: bool) -> None: ...
 
-    def run_changed(self, handle: RunHandle) -> None: ...
+    def run_changed(self, state: RunState) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,188 +47,201 @@ class RunSpec:
     relay: bool
 
 
-class RunHandle:
-    """What the code of a run holds: ``checkpoint()``, ``emit()``, ``phase`` and the request."""
+@dataclass(frozen=True, slots=True)
+class Ending:
+    """How a run's code ended, as its scope saw it: the status to record and the error."""
+
+    status: RunStatus
+    error: str | None
+
+
+class RunState:
+    """The node's side of one run: the token (a recorded request, or its node's own stop), the
+    cancel timestamps, the output, and the updates waiting to be written."""
 
     __slots__ = (
         "_callbacks",
         "_exiting",
-        "_local_stop",
-        "_owner",
-        "_phase",
-        "_request",
-        "_stop_at_checkpoint",
         "_task",
         "_task_cancel_sent",
-        "app_name",
-        "created_at",
+        "chunks",
         "delivered_at",
         "delivery_dirty",
         "epoch",
         "final_status",
+        "handle",
+        "info",
+        "local_stop",
         "max_output_chars",
-        "metadata",
         "observed_at",
-        "output_chunks",
         "output_size",
         "output_truncated",
         "pending_relay",
+        "phase",
         "phase_dirty",
         "relay",
+        "request",
         "run_id",
-        "session_id",
-        "started_at",
-        "user_id",
+        "stop_at_checkpoint",
     )
 
-    def __init__(
-        self, info: RunInfo, owner: RunOwner, *, epoch: str, relay: bool, max_output_chars: int
-    ) -> None:
+    def __init__(self, info: RunInfo, *, epoch: str, relay: bool, max_output_chars: int) -> None:
+        self.info = info
         self.run_id = info.run_id
         self.epoch = epoch
-        self.app_name = info.app_name
-        self.user_id = info.user_id
-        self.session_id = info.session_id
-        self.metadata = info.metadata
-        self.created_at = info.created_at
-        self.started_at = info.started_at
         self.relay = relay
         self.max_output_chars = max_output_chars
-        self.output_chunks: list[str] = []
-        self.output_size = 0
-        self.output_truncated = False
-        self.pending_relay: list[tuple[str, str, str]] = []
-        self.phase_dirty = False
+        self.request: CancelRequest | None = None  # recorded in Redis
+        self.local_stop: CancelRequest | None = None  # its node stopped it, nobody asked
+        self.stop_at_checkpoint = False
         self.delivered_at: float | None = None
         self.delivery_dirty = False
         self.observed_at: float | None = None
+        self.chunks: list[str] = []
+        self.output_size = 0
+        self.output_truncated = False
+        self.pending_relay: list[RelayEntry] = []
+        self.phase: str | None = None
+        self.phase_dirty = False
         self.final_status: RunStatus | None = None
-        self._owner = owner
-        self._phase: str | None = None
-        self._request: CancelRequest | None = None  # recorded in Redis
-        self._local_stop: CancelRequest | None = None  # its node stopped it (no request)
-        self._stop_at_checkpoint = False
+        self.handle: RunHandle | None = None
         self._task: asyncio.Task[Any] | None = None
         self._task_cancel_sent = False
         self._exiting = False
         self._callbacks: list[Callable[[CancelRequest], None]] = []
 
-    # -- the run's code calls these ----------------------------------------------------------
-
-    def checkpoint(self) -> None:
-        """Raise :class:`RunCancelled` if a cancel (other than ``after_turn``) was delivered."""
-        if self._stop_at_checkpoint:
-            self._observe()
-
-    def turn_boundary(self) -> None:
-        """Like :meth:`checkpoint`, and also honours ``after_turn`` requests."""
-        if self._request is not None or self._local_stop is not None:
-            self._observe()
-
     @property
     def cancel_requested(self) -> CancelRequest | None:
-        """Why the run must stop: the recorded request, else its node's own stop (see
-        :attr:`CancelRequest.cause`); None while it may go on."""
-        return self._request or self._local_stop
+        return self.request or self.local_stop
 
     @property
     def stop_cause(self) -> StopCause | None:
-        """Why its node stopped the run without a request (lease lost, Redis unreachable,
-        drain), if it did."""
-        return self._local_stop.cause if self._local_stop is not None else None
-
-    def add_cancel_callback(self, callback: Callable[[CancelRequest], None]) -> None:
-        """Call ``callback(request)`` when a cancel reaches this run, and again when a stronger
-        mode escalates it (at once if one already has). For adapters that must react at once,
-        e.g. by handing the cancel to a framework; it runs in the node's listener: be quick."""
-        self._callbacks.append(callback)
-        request = self.cancel_requested
-        if request is not None:
-            callback(request)
-
-    @property
-    def session(self) -> tuple[str, str, str] | None:
-        if self.app_name is None or self.user_id is None or self.session_id is None:
-            return None
-        return (self.app_name, self.user_id, self.session_id)
-
-    def emit(self, text: str) -> None:
-        """Append output; it is kept as partial output if the run is cancelled."""
-        room = self.max_output_chars - self.output_size
-        if room <= 0:
-            self.output_truncated = True
-            return
-        if len(text) > room:
-            text = text[:room]
-            self.output_truncated = True
-        self.output_chunks.append(text)
-        self.output_size += len(text)
-        if self.relay:
-            self._relay("output", {"text": text})
-
-    def emit_event(self, event_type: str, data: dict[str, Any]) -> None:
-        """Relay an application event (a tool call, a tool result...) to followers of the run."""
-        if self.relay:
-            self._relay(event_type, data)
+        return self.local_stop.cause if self.local_stop is not None else None
 
     @property
     def output(self) -> str:
-        return "".join(self.output_chunks)
+        return "".join(self.chunks)
 
-    @property
-    def phase(self) -> str | None:
-        return self._phase
-
-    @phase.setter
-    def phase(self, value: str | None) -> None:
-        if value != self._phase:
-            self._phase = value
-            self.phase_dirty = True
-            self._owner.run_changed(self)
-
-    async def pause(self) -> None:
-        """Hand control back (status ``waiting``, e.g. awaiting a human). While waiting, a cancel
-        ends the run at once; raises :class:`RunCancelled` if a cancel is already pending."""
-        self.checkpoint()
-        await self._owner.set_waiting(self, True)
-
-    async def resume(self) -> None:
-        """Back to ``running``; raises :class:`RunCancelled` if it was cancelled while waiting."""
-        await self._owner.set_waiting(self, False)
-        self.turn_boundary()
-
-    # -- the node calls these ----------------------------------------------------------------
-
-    def deliver(self, request: CancelRequest) -> bool:
-        """Set the local token (idempotent; a stronger mode escalates). True if anything changed."""
-        current = self._request
+    def deliver(self, request: CancelRequest, at: float) -> bool:
+        """Set the token for a recorded request (idempotent; a stronger mode escalates).
+        True if anything changed."""
+        current = self.request
         if current is None:
-            self._request = request
-            self.delivered_at = self._owner.clock()
+            self.request = request
+            self.delivered_at = at
             self.delivery_dirty = True
         elif request.mode.strength > current.mode.strength:
-            self._request = replace(current, mode=request.mode)
+            self.request = replace(current, mode=request.mode)
         else:
             return False
-        self._arm(self._request)
-        self._owner.run_changed(self)
+        self._arm(self.request)
         return True
 
-    def stop(self, cause: StopCause) -> None:
-        """Stop the run without a request in Redis: its node was fenced, lost Redis for too
-        long, or is closing. Like an ``immediate`` cancel; recorded with the cause, and as
-        ``cancelled`` only for a drain (which records its own request)."""
-        if self._local_stop is not None:
-            return
-        now = self._owner.clock()
-        self._local_stop = CancelRequest(CancelMode.IMMEDIATE, cause.value, None, now, cause)
-        self._arm(self._local_stop)
+    def stop(self, cause: StopCause, at: float) -> None:
+        """Stop without a request in Redis: like an ``immediate`` cancel, recorded with its
+        cause (``cancelled`` only for a drain, which records its own request)."""
+        if self.local_stop is None:
+            self.local_stop = CancelRequest(CancelMode.IMMEDIATE, cause.value, None, at, cause)
+            self._arm(self.local_stop)
+
+    def add_callback(self, callback: Callable[[CancelRequest], None]) -> None:
+        self._callbacks.append(callback)
+        if self.cancel_requested is not None:
+            callback(self.cancel_requested)
+
+    def observe(self, at: float) -> NoReturn:
+        if self.observed_at is None:
+            self.observed_at = at
+        raise RunCancelled(self.run_id, self.cancel_requested)
+
+    def keep(self, text: str) -> str:
+        """Append output within the limit; -> the part kept."""
+        room = self.max_output_chars - self.output_size
+        if len(text) > room:
+            text = text[: max(room, 0)]
+            self.output_truncated = True
+        if text:
+            self.chunks.append(text)
+            self.output_size += len(text)
+        return text
+
+    def bind_task(self, task: asyncio.Task[Any] | None) -> None:
+        """The task an ``immediate`` cancel interrupts: the one that entered the run scope (a
+        cancel that came while the run was being registered interrupts it now)."""
+        self._task = task
+        request = self.cancel_requested
+        if request is not None and request.mode is CancelMode.IMMEDIATE:
+            self._interrupt()
+
+    def settle(self, exc: BaseException | None, at: float) -> tuple[Ending, bool]:
+        """How the run ended, and whether its exception is to be suppressed.
+
+        Our own ``immediate`` cancellation is balanced with ``uncancel()`` and turned into a
+        cancel; a ``CancelledError`` that is not ours is recorded and never swallowed."""
+        self._exiting = True
+        task = self._task
+        ours = self._task_cancel_sent and task is not None and task.uncancel() == 0
+        if exc is None:
+            return Ending(RunStatus.SUCCEEDED, None), False
+        if isinstance(exc, RunCancelled) and exc.run_id == self.run_id:
+            return Ending(RunStatus.CANCELLED, None), True
+        if isinstance(exc, asyncio.CancelledError):
+            if ours:
+                if self.observed_at is None:
+                    self.observed_at = at
+                return Ending(RunStatus.CANCELLED, None), True
+            return Ending(RunStatus.FAILED, "interrupted: the asyncio task was cancelled"), False
+        return Ending(RunStatus.FAILED, f"{type(exc).__name__}: {exc}"), False
+
+    def record(self) -> dict[str, str]:
+        """The run as this node knows it, to re-create a record Redis lost."""
+        info = self.info
+        record: dict[str, str] = {"status": "running", "created_at": f"{info.created_at:.6f}"}
+        if info.started_at is not None:
+            record["started_at"] = f"{info.started_at:.6f}"
+        if info.app_name is not None and info.user_id is not None and info.session_id is not None:
+            record.update(app_name=info.app_name, user_id=info.user_id)
+            record["session_id"] = info.session_id
+        if info.metadata is not None:
+            record["metadata"] = json.dumps(info.metadata, separators=(",", ":"))
+        if self.relay:
+            record["relay"] = "1"
+        if self.phase is not None:
+            record["phase"] = self.phase
+        if self.request is not None:
+            request = self.request
+            record["cancel_requested_at"] = f"{request.requested_at:.6f}"
+            record["cancel_mode"] = request.mode.value
+            record["cancel_cause"] = request.cause.value
+            if request.reason:
+                record["cancel_reason"] = request.reason
+            if request.requested_by:
+                record["requested_by"] = request.requested_by
+        return record
+
+    def take_updates(self) -> tuple[str, str, list[RelayEntry]] | None:
+        """The phase, delivery time and relay entries not written yet (taken), or None."""
+        phase = (self.phase or "") if self.phase_dirty else ""
+        delivered = ""
+        if self.delivery_dirty and self.delivered_at is not None:
+            delivered = f"{self.delivered_at:.6f}"
+        entries = self.pending_relay
+        if not (phase or delivered or entries):
+            return None
+        self.phase_dirty = self.delivery_dirty = False
+        self.pending_relay = []
+        return phase, delivered, entries
+
+    def put_back(self, phase: str, delivered: str, entries: list[RelayEntry]) -> None:
+        """Updates that could not be written: again, before any newer ones."""
+        self.phase_dirty = self.phase_dirty or bool(phase)
+        self.delivery_dirty = self.delivery_dirty or bool(delivered)
+        self.pending_relay[:0] = entries
 
     def _arm(self, request: CancelRequest) -> None:
         """Make checkpoints raise (and interrupt the task) as ``request`` asks; tell callbacks."""
-        self._stop_at_checkpoint = self._stop_at_checkpoint or (
-            request.mode is not CancelMode.AFTER_TURN
-        )
+        if request.mode is not CancelMode.AFTER_TURN:
+            self.stop_at_checkpoint = True
         if request.mode is CancelMode.IMMEDIATE:
             self._interrupt()
         for callback in self._callbacks:
@@ -232,50 +250,6 @@ class RunHandle:
             except Exception:
                 log.exception("cancel-bus: a cancel callback of run %s failed", self.run_id)
 
-    def bind_task(self, task: asyncio.Task[Any] | None) -> None:
-        """The task an ``immediate`` cancel interrupts: the one that entered the run scope (a
-        cancel that came while the run was being registered interrupts it now)."""
-        self._task = task
-        request = self.cancel_requested
-        if request is not None and (
-            request.mode is CancelMode.IMMEDIATE or self._local_stop is not None
-        ):
-            self._interrupt()
-
-    def record(self) -> dict[str, str]:
-        """The run as this node knows it, to re-create a record Redis lost."""
-        record: dict[str, str] = {"status": "running", "created_at": f"{self.created_at:.6f}"}
-        if self.started_at is not None:
-            record["started_at"] = f"{self.started_at:.6f}"
-        if self.session is not None:
-            record.update(app_name=self.app_name or "", user_id=self.user_id or "")
-            record["session_id"] = self.session_id or ""
-        if self.metadata is not None:
-            record["metadata"] = json.dumps(self.metadata, separators=(",", ":"))
-        if self.relay:
-            record["relay"] = "1"
-        if self._phase is not None:
-            record["phase"] = self._phase
-        if self._request is not None:
-            request = self._request
-            record["cancel_requested_at"] = f"{request.requested_at:.6f}"
-            record["cancel_mode"] = request.mode.value
-            if request.reason:
-                record["cancel_reason"] = request.reason
-            if request.requested_by:
-                record["requested_by"] = request.requested_by
-        return record
-
-    def _relay(self, event_type: str, data: dict[str, Any]) -> None:
-        at = f"{self._owner.clock():.6f}"
-        self.pending_relay.append((event_type, at, json.dumps(data, separators=(",", ":"))))
-        self._owner.run_changed(self)
-
-    def _observe(self) -> None:
-        if self.observed_at is None:
-            self.observed_at = self._owner.clock()
-        raise RunCancelled(self.run_id, self.cancel_requested)
-
     def _interrupt(self) -> None:
         task = self._task
         if task is None or self._exiting or self._task_cancel_sent or task.done():
@@ -283,27 +257,137 @@ class RunHandle:
         self._task_cancel_sent = True
         task.cancel(msg=f"cancel-bus: run {self.run_id} cancelled (immediate)")
 
-    def settle(self, exc: BaseException | None) -> tuple[RunStatus, str | None, bool]:
-        """Decide how the run ended: (status to record, error, suppress the exception).
 
-        Our own ``immediate`` cancellation is balanced with ``uncancel()`` and turned into a
-        cancel; a ``CancelledError`` that is not ours is recorded and never swallowed."""
-        self._exiting = True
-        task = self._task
-        ours = False
-        if self._task_cancel_sent and task is not None:
-            ours = task.uncancel() == 0
-        if exc is None:
-            return RunStatus.SUCCEEDED, None, False
-        if isinstance(exc, RunCancelled) and exc.run_id == self.run_id:
-            return RunStatus.CANCELLED, None, True
-        if isinstance(exc, asyncio.CancelledError):
-            if ours:
-                if self.observed_at is None:
-                    self.observed_at = self._owner.clock()
-                return RunStatus.CANCELLED, None, True
-            return RunStatus.FAILED, "interrupted: the asyncio task was cancelled", False
-        return RunStatus.FAILED, f"{type(exc).__name__}: {exc}", False
+class RunHandle:
+    """What the code of a run holds: ``checkpoint()``, ``turn_boundary()``, ``phase``,
+    ``emit()``, ``pause()``/``resume()``, and what was asked of it."""
+
+    __slots__ = ("_owner", "_state")
+
+    def __init__(self, state: RunState, owner: RunOwner) -> None:
+        self._state = state
+        self._owner = owner
+        state.handle = self
+
+    def checkpoint(self) -> None:
+        """Raise :class:`RunCancelled` if a cancel (other than ``after_turn``) was delivered."""
+        if self._state.stop_at_checkpoint:
+            self._state.observe(self._owner.clock())
+
+    def turn_boundary(self) -> None:
+        """Like :meth:`checkpoint`, and also honours ``after_turn`` requests."""
+        if self._state.cancel_requested is not None:
+            self._state.observe(self._owner.clock())
+
+    @property
+    def cancel_requested(self) -> CancelRequest | None:
+        """Why the run must stop: the recorded request, else its node's own stop (see
+        :attr:`CancelRequest.cause`); None while it may go on."""
+        return self._state.cancel_requested
+
+    @property
+    def stop_cause(self) -> StopCause | None:
+        """Why its node stopped the run without a request (lease lost, Redis unreachable,
+        drain), if it did."""
+        return self._state.stop_cause
+
+    def add_cancel_callback(self, callback: Callable[[CancelRequest], None]) -> None:
+        """Call ``callback(request)`` when a cancel reaches this run, and again when a stronger
+        mode escalates it (at once if one already has). For adapters that must react at once,
+        e.g. by handing the cancel to a framework; it runs in the node's listener: be quick."""
+        self._state.add_callback(callback)
+
+    @property
+    def run_id(self) -> str:
+        return self._state.run_id
+
+    @property
+    def info(self) -> RunInfo:
+        """The run as recorded when it started here."""
+        return self._state.info
+
+    @property
+    def app_name(self) -> str | None:
+        return self._state.info.app_name
+
+    @property
+    def user_id(self) -> str | None:
+        return self._state.info.user_id
+
+    @property
+    def session_id(self) -> str | None:
+        return self._state.info.session_id
+
+    @property
+    def session(self) -> tuple[str, str, str] | None:
+        info = self._state.info
+        if info.app_name is None or info.user_id is None or info.session_id is None:
+            return None
+        return (info.app_name, info.user_id, info.session_id)
+
+    @property
+    def metadata(self) -> dict[str, Any] | None:
+        return self._state.info.metadata
+
+    @property
+    def created_at(self) -> float:
+        return self._state.info.created_at
+
+    @property
+    def started_at(self) -> float | None:
+        return self._state.info.started_at
+
+    @property
+    def final_status(self) -> RunStatus | None:
+        """The status recorded once the run scope has exited (None before, or if fenced)."""
+        return self._state.final_status
+
+    def emit(self, text: str) -> None:
+        """Append output; it is kept as partial output if the run is cancelled."""
+        kept = self._state.keep(text)
+        if kept and self._state.relay:
+            self._relay("output", {"text": kept})
+
+    def emit_event(self, event_type: str, data: dict[str, Any]) -> None:
+        """Relay an application event (a tool call, a tool result...) to followers of the run."""
+        if self._state.relay:
+            self._relay(event_type, data)
+
+    @property
+    def output(self) -> str:
+        return self._state.output
+
+    @property
+    def output_truncated(self) -> bool:
+        return self._state.output_truncated
+
+    @property
+    def phase(self) -> str | None:
+        return self._state.phase
+
+    @phase.setter
+    def phase(self, value: str | None) -> None:
+        state = self._state
+        if value != state.phase:
+            state.phase = value
+            state.phase_dirty = True
+            self._owner.run_changed(state)
+
+    async def pause(self) -> None:
+        """Hand control back (status ``waiting``, e.g. awaiting a human). While waiting, a cancel
+        ends the run at once; raises :class:`RunCancelled` if a cancel is already pending."""
+        self.checkpoint()
+        await self._owner.set_waiting(self._state, True)
+
+    async def resume(self) -> None:
+        """Back to ``running``; raises :class:`RunCancelled` if it was cancelled while waiting."""
+        await self._owner.set_waiting(self._state, False)
+        self.turn_boundary()
+
+    def _relay(self, event_type: str, data: dict[str, Any]) -> None:
+        at = f"{self._owner.clock():.6f}"
+        self._state.pending_relay.append((event_type, at, json.dumps(data, separators=(",", ":"))))
+        self._owner.run_changed(self._state)
 
 
 class RunScope:
@@ -316,7 +400,7 @@ class RunScope:
 
     async def __aenter__(self) -> RunHandle:
         handle = await self._owner.start_run(self._spec)
-        handle.bind_task(asyncio.current_task())
+        handle._state.bind_task(asyncio.current_task())
         self._handle = handle
         return handle
 
@@ -328,6 +412,7 @@ class RunScope:
     ) -> bool:
         handle = self._handle
         assert handle is not None, "the run scope was not entered"
-        status, error, suppress = handle.settle(exc)
-        await asyncio.shield(self._owner.finish_run(handle, status, error))
+        state = handle._state
+        ending, suppress = state.settle(exc, self._owner.clock())
+        await asyncio.shield(self._owner.finish_run(state, ending))
         return suppress

@@ -3,9 +3,11 @@
 Each script is the shared PRELUDE followed by its body. The prelude derives the namespace prefix
 from KEYS[1] (every key of a namespace starts with ``cb:{namespace}:``, see ``_keys.py``), reads the
 server clock once, and defines the helpers that keep indexes, events and notifications in step.
-Per-run and per-node names that depend on stored data (the owner's pending hash, a waiter's
-channel) are derived from the prefix inside the script; they share the hash tag, so on Redis
-Cluster they live in the same slot as KEYS[1].
+Its key functions (``key_run(run_id)``...), the active statuses, the strength of modes and the
+session target prefix are generated from their one Python definition. Names that depend on
+stored data (the owner's pending hash, a waiter's channel) are built inside the script; they
+share the hash tag, so on Redis Cluster they live in the same slot as KEYS[1] (scripts declare
+only KEYS[1]: the hash tag, not KEYS, keeps a script on one slot — tested on a real cluster).
 
 Every script is safe to run twice with the same arguments (a retried call after a lost reply):
 the second call changes nothing and answers as if it were the first where that matters.
@@ -25,6 +27,10 @@ scripts answer ``{notices, reply}``.
 
 from __future__ import annotations
 
+from ._keys import lua_key_functions
+from ._messages import SESSION_TARGET_PREFIX
+from ._types import ACTIVE_STATUSES, CancelMode
+
 EVENTS_MAX = 1000
 RELAY_MAX = 10000
 NOTIFY_RUN_MAX_BYTES = 16384
@@ -34,8 +40,10 @@ local P = string.match(KEYS[1], '^(cb:{[^}]*}:)')
 local T = redis.call('TIME')
 local NOW_S = tonumber(T[1]) + tonumber(T[2]) / 1000000
 local NOW = string.format('%d.%06d', tonumber(T[1]), tonumber(T[2]))
-local ACTIVE = {queued = true, running = true, waiting = true}
-local STRENGTH = {after_turn = 0, checkpoint = 1, immediate = 2}
+local ACTIVE = __ACTIVE__
+local STRENGTH = __STRENGTH__
+local SESSION_PREFIX = '__SESSION_PREFIX__'
+__KEY_FUNCTIONS__
 local NOTICES = {}
 local function reply(r) return {NOTICES, r} end  -- the answer of a script that may notify
 
@@ -46,7 +54,7 @@ local function meta_or_nil(value) if value == '' then return nil end return valu
 -- interval that heartbeat declared. Without a clock yet, the server clock.
 local LEASE_NOW = nil
 local function lease_clock(cap)
-  local c = redis.call('HMGET', P .. 'clock', 'last', 'at', 'cap')
+  local c = redis.call('HMGET', key_lease_clock(), 'last', 'at', 'cap')
   if not c[1] then return NOW_S end
   return tonumber(c[2]) + math.min(math.max(NOW_S - tonumber(c[1]), 0), cap or tonumber(c[3]))
 end
@@ -58,7 +66,7 @@ end
 -- A heartbeat reached Redis: advance the lease clock (by at most `cap`, the caller's interval).
 local function tick_lease_clock(cap)
   LEASE_NOW = lease_clock(cap)
-  redis.call('HSET', P .. 'clock', 'last', fmt(NOW_S), 'at', fmt(LEASE_NOW), 'cap', fmt(cap))
+  redis.call('HSET', key_lease_clock(), 'last', fmt(NOW_S), 'at', fmt(LEASE_NOW), 'cap', fmt(cap))
 end
 
 -- Sends a message to a node's channel, or keeps it for the caller to sign and send (pub == '').
@@ -67,7 +75,7 @@ local function notify(pub, node_id, msg)
     table.insert(NOTICES, {node_id, cjson.encode(msg)})
     return -1
   end
-  return redis.call(pub, P .. 'chan:' .. node_id, cjson.encode(msg))
+  return redis.call(pub, key_channel(node_id), cjson.encode(msg))
 end
 
 local function hash_to_table(flat)
@@ -80,13 +88,13 @@ end
 -- list 260 B). Queued and started are not logged: the record's created_at, started_at and owner
 -- tell them, so a run that just runs costs no log at all.
 local function add_event(run_id, etype, data)
-  local key = P .. 'ev:' .. run_id
+  local key = key_events(run_id)
   local n = redis.call('RPUSH', key, cjson.encode({type = etype, at = NOW, data = data}))
   if n > __EVENTS_MAX__ then redis.call('LTRIM', key, -__EVENTS_MAX__, -1) end
 end
 
 local function relay_add(run_id, etype, at, data_json)
-  redis.call('XADD', P .. 'out:' .. run_id, 'MAXLEN', '~', __RELAY_MAX__, '*',
+  redis.call('XADD', key_relay(run_id), 'MAXLEN', '~', __RELAY_MAX__, '*',
     'type', etype, 'at', at, 'data', data_json)
 end
 
@@ -95,11 +103,11 @@ end
 -- fences the node on the spot: it is marked dead, whoever looks first.
 local function node_state(node_id, epoch)
   if not node_id then return 'missing' end
-  local nk = P .. 'node:' .. node_id
+  local nk = key_node(node_id)
   local st = redis.call('HMGET', nk, 'state', 'epoch')
   if not st[1] then return 'missing' end
   if st[1] ~= 'alive' or (epoch ~= nil and st[2] ~= epoch) then return 'dead' end
-  local exp = redis.call('ZSCORE', P .. 'nodes', node_id)
+  local exp = redis.call('ZSCORE', key_nodes(), node_id)
   if (not exp) or tonumber(exp) <= lease_now() then
     redis.call('HSET', nk, 'state', 'dead')
     redis.call('HSETNX', nk, 'died_at', NOW)
@@ -112,37 +120,37 @@ local function node_alive(node_id, epoch) return node_state(node_id, epoch) == '
 
 -- The run id holding the session key, if that run is still active.
 local function session_holder(app, user, sess)
-  local holder = redis.call('GET', P .. 'sess:' .. app .. ':' .. user .. ':' .. sess)
+  local holder = redis.call('GET', key_session(app, user, sess))
   if not holder then return nil end
-  local st = redis.call('HGET', P .. 'run:' .. holder, 'status')
+  local st = redis.call('HGET', key_run(holder), 'status')
   if st and ACTIVE[st] then return holder end
   return nil
 end
 
 -- Ends an active run: terminal state, out of every active index, expiry scheduled, waiters rung.
 local function finalize(run_id, status, end_reason, fields, retention_ms, pub)
-  local rk = P .. 'run:' .. run_id
+  local rk = key_run(run_id)
   local info = redis.call('HMGET', rk, 'owner', 'app_name', 'user_id', 'session_id', 'relay')
   redis.call('HSET', rk, 'status', status, 'finished_at', NOW, 'end_reason', end_reason,
     unpack(fields))
   if info[1] then
-    redis.call('SREM', P .. 'node:' .. info[1] .. ':runs', run_id)
-    redis.call('HDEL', P .. 'node:' .. info[1] .. ':pending', run_id)
+    redis.call('SREM', key_node_runs(info[1]), run_id)
+    redis.call('HDEL', key_node_pending(info[1]), run_id)
   end
   if info[2] then
-    local sk = P .. 'sess:' .. info[2] .. ':' .. info[3] .. ':' .. info[4]
+    local sk = key_session(info[2], info[3], info[4])
     if redis.call('GET', sk) == run_id then redis.call('DEL', sk) end
   end
-  redis.call('ZREM', P .. 'active', run_id)
-  redis.call('ZADD', P .. 'finished', NOW, run_id)
-  redis.call('ZREMRANGEBYSCORE', P .. 'finished', '-inf', fmt(NOW_S - retention_ms / 1000))
+  redis.call('ZREM', key_active(), run_id)
+  redis.call('ZADD', key_finished(), NOW, run_id)
+  redis.call('ZREMRANGEBYSCORE', key_finished(), '-inf', fmt(NOW_S - retention_ms / 1000))
   local ended = {status = status, end_reason = end_reason}
   add_event(run_id, 'run.finished', ended)
   if info[5] == '1' then relay_add(run_id, 'run.finished', NOW, cjson.encode(ended)) end
   redis.call('PEXPIRE', rk, retention_ms)
-  redis.call('PEXPIRE', P .. 'ev:' .. run_id, retention_ms)
-  redis.call('PEXPIRE', P .. 'out:' .. run_id, retention_ms)
-  local wk = P .. 'wait:' .. run_id
+  redis.call('PEXPIRE', key_events(run_id), retention_ms)
+  redis.call('PEXPIRE', key_relay(run_id), retention_ms)
+  local wk = key_waiters(run_id)
   local waiters = redis.call('SMEMBERS', wk)
   if #waiters > 0 then
     local msg = {k = 'finished', r = run_id, st = status}
@@ -159,7 +167,7 @@ end
 
 -- Resolves an active run whose owner is gone: cancelled if a cancel was pending, else failed.
 local function resolve_owner_lost(run_id, retention_ms, pub)
-  local st = redis.call('HMGET', P .. 'run:' .. run_id, 'status', 'cancel_requested_at', 'owner')
+  local st = redis.call('HMGET', key_run(run_id), 'status', 'cancel_requested_at', 'owner')
   if not (st[1] == 'running' or st[1] == 'waiting') then return false end
   local status = 'failed'
   if st[2] then status = 'cancelled' end
@@ -171,8 +179,8 @@ end
 -- Resolves up to `budget` runs of a node that is gone; once none is left, forgets the node.
 -- Returns runs resolved, and whether the node is now fully reaped.
 local function reap_node(node_id, budget, retention_ms, pub, final_state)
-  local nk = P .. 'node:' .. node_id
-  local runs_key = nk .. ':runs'
+  local nk = key_node(node_id)
+  local runs_key = key_node_runs(node_id)
   local resolved = 0
   if budget > 0 then
     for _, id in ipairs(redis.call('SPOP', runs_key, budget)) do
@@ -180,8 +188,8 @@ local function reap_node(node_id, budget, retention_ms, pub, final_state)
     end
   end
   if redis.call('SCARD', runs_key) > 0 then return resolved, false end
-  redis.call('ZREM', P .. 'nodes', node_id)
-  redis.call('DEL', nk .. ':pending')
+  redis.call('ZREM', key_nodes(), node_id)
+  redis.call('DEL', key_node_pending(node_id))
   if redis.call('EXISTS', nk) == 1 then
     redis.call('HSET', nk, 'state', final_state)
     redis.call('HSETNX', nk, 'died_at', NOW)
@@ -192,10 +200,18 @@ end
 """
 
 
+def _lua_table(entries: dict[str, object]) -> str:
+    return "{" + ", ".join(f"{name} = {value}" for name, value in sorted(entries.items())) + "}"
+
+
 PRELUDE = (
     _PRELUDE_TEMPLATE.replace("__EVENTS_MAX__", str(EVENTS_MAX))
     .replace("__RELAY_MAX__", str(RELAY_MAX))
     .replace("__NOTIFY_RUN_MAX_BYTES__", str(NOTIFY_RUN_MAX_BYTES))
+    .replace("__ACTIVE__", _lua_table({status.value: "true" for status in ACTIVE_STATUSES}))
+    .replace("__STRENGTH__", _lua_table({mode.value: mode.strength for mode in CancelMode}))
+    .replace("__SESSION_PREFIX__", SESSION_TARGET_PREFIX)
+    .replace("__KEY_FUNCTIONS__", lua_key_functions())
 )
 
 
@@ -246,7 +262,7 @@ if not node_alive(node_id, epoch) then return {'fenced', NOW} end
 redis.call('ZADD', nodes, fmt(lease_now() + lease_ms / 1000), node_id)
 redis.call('HSET', node_key, 'last_heartbeat', NOW,
   'lease_expires_at', fmt(NOW_S + lease_ms / 1000))
-return {'ok', NOW, redis.call('SCARD', node_key .. ':runs')}
+return {'ok', NOW, redis.call('SCARD', key_node_runs(node_id))}
 """)
 
 # KEYS[1] nodes zset
@@ -306,7 +322,7 @@ if cur[1] == 'queued' and own_session then
   redis.call('HSET', rk, 'status', 'running', 'owner', node_id, 'epoch', epoch,
     'started_at', NOW)
   if relay == '1' then redis.call('HSET', rk, 'relay', '1') end
-  redis.call('SADD', P .. 'node:' .. node_id .. ':runs', run_id)
+  redis.call('SADD', key_node_runs(node_id), run_id)
   return {'ok', redis.call('HGETALL', rk)}
 end
 if cur[1] == 'running' and cur[2] == node_id and cur[3] == epoch then
@@ -316,15 +332,15 @@ if cur[1] then return {'exists', redis.call('HGETALL', rk)} end
 if app ~= '' then
   local holder = session_holder(app, user, sess)
   if holder and holder ~= run_id then return {'session_busy', holder} end
-  redis.call('SET', P .. 'sess:' .. app .. ':' .. user .. ':' .. sess, run_id)
+  redis.call('SET', key_session(app, user, sess), run_id)
   redis.call('HSET', rk, 'app_name', app, 'user_id', user, 'session_id', sess)
 end
 if metadata ~= '' then redis.call('HSET', rk, 'metadata', metadata) end
 redis.call('HSET', rk, 'run_id', run_id, 'status', 'running', 'owner', node_id, 'epoch', epoch,
   'created_at', NOW, 'started_at', NOW)
 if relay == '1' then redis.call('HSET', rk, 'relay', '1') end
-redis.call('ZADD', P .. 'active', NOW, run_id)
-redis.call('SADD', P .. 'node:' .. node_id .. ':runs', run_id)
+redis.call('ZADD', key_active(), NOW, run_id)
+redis.call('SADD', key_node_runs(node_id), run_id)
 return {'ok', redis.call('HGETALL', rk)}
 """)
 
@@ -340,19 +356,20 @@ if st then return {'exists', st} end
 if app ~= '' then
   local holder = session_holder(app, user, sess)
   if holder and holder ~= run_id then return {'session_busy', holder} end
-  redis.call('SET', P .. 'sess:' .. app .. ':' .. user .. ':' .. sess, run_id)
+  redis.call('SET', key_session(app, user, sess), run_id)
   redis.call('HSET', rk, 'app_name', app, 'user_id', user, 'session_id', sess)
 end
 if metadata ~= '' then redis.call('HSET', rk, 'metadata', metadata) end
 redis.call('HSET', rk, 'run_id', run_id, 'status', 'queued', 'created_at', NOW)
-redis.call('ZADD', P .. 'active', NOW, run_id)
+redis.call('ZADD', key_active(), NOW, run_id)
 return {'ok', redis.call('HGETALL', rk)}
 """)
 
 # KEYS[1] run hash, or the session key when ARGV[1] starts with 'session:'
 # ARGV[1] target ('run:<id>' or 'session:<app>:<user>:<session>'), ARGV[2] run_id ('' for session),
 # ARGV[3] mode, ARGV[4] reason, ARGV[5] requested_by, ARGV[6] waiter node ('' = no wait),
-# ARGV[7] caller node, ARGV[8] retention_ms, ARGV[9] pub command
+# ARGV[7] caller node, ARGV[8] retention_ms, ARGV[9] pub command, ARGV[10] cause (who asked:
+# user | client_disconnect | node_shutdown)
 # The owner is told on its channel, in a message bound to it (its node id and epoch) and to the
 # run the target resolved to — not when the caller is the owner: it sets the token itself.
 # -> {notices, {'not_found'} | {'already_finished', fields} | {'cancelled', fields}
@@ -361,13 +378,13 @@ REQUEST_CANCEL = _script("""
 local target_key = KEYS[1]
 local target, run_id, mode, reason, by = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local waiter, caller = ARGV[6], ARGV[7]
-local retention_ms, pub = tonumber(ARGV[8]), ARGV[9]
-local by_session = string.sub(target, 1, 8) == 'session:'
+local retention_ms, pub, cause = tonumber(ARGV[8]), ARGV[9], ARGV[10]
+local by_session = string.sub(target, 1, #SESSION_PREFIX) == SESSION_PREFIX
 if by_session then
   run_id = redis.call('GET', target_key)
   if not run_id then return reply({'not_found'}) end
 end
-local rk = P .. 'run:' .. run_id
+local rk = key_run(run_id)
 local cur = redis.call('HMGET', rk, 'status', 'owner', 'cancel_requested_at', 'cancel_mode',
   'epoch')
 local st = cur[1]
@@ -377,22 +394,22 @@ if not ACTIVE[st] then
   return reply({'already_finished', redis.call('HGETALL', rk)})
 end
 if not cur[3] then
-  local fields = {'cancel_requested_at', NOW, 'cancel_mode', mode}
+  local fields = {'cancel_requested_at', NOW, 'cancel_mode', mode, 'cancel_cause', cause}
   if reason ~= '' then table.insert(fields, 'cancel_reason'); table.insert(fields, reason) end
   if by ~= '' then table.insert(fields, 'requested_by'); table.insert(fields, by) end
   redis.call('HSET', rk, unpack(fields))
   add_event(run_id, 'run.cancel_requested',
-    {mode = mode, reason = meta_or_nil(reason), requested_by = meta_or_nil(by)})
+    {mode = mode, cause = cause, reason = meta_or_nil(reason), requested_by = meta_or_nil(by)})
 elseif STRENGTH[mode] > STRENGTH[cur[4]] then
   redis.call('HSET', rk, 'cancel_mode', mode)
   add_event(run_id, 'run.cancel_escalated',
     {from = cur[4], to = mode, requested_by = meta_or_nil(by)})
 end
 local meta = redis.call('HMGET', rk, 'cancel_mode', 'cancel_requested_at', 'cancel_reason',
-  'requested_by')
+  'requested_by', 'cancel_cause')
 local owner = cur[2]
 local message = {k = 'cancel', r = run_id, tg = target, m = mode, em = meta[1], at = meta[2],
-  reason = meta[3] or nil, by = meta[4] or nil, to = owner, ep = cur[5]}
+  reason = meta[3] or nil, by = meta[4] or nil, c = meta[5] or nil, to = owner, ep = cur[5]}
 if st ~= 'running' then
   if owner and owner ~= caller then notify(pub, owner, message) end
   finalize(run_id, 'cancelled', 'cancelled', {}, retention_ms, pub)
@@ -402,8 +419,8 @@ if not node_alive(owner, nil) then
   resolve_owner_lost(run_id, retention_ms, pub)
   return reply({'owner_lost', redis.call('HGETALL', rk)})
 end
-redis.call('HSET', P .. 'node:' .. owner .. ':pending', run_id, meta[1])
-if waiter ~= '' then redis.call('SADD', P .. 'wait:' .. run_id, waiter) end
+redis.call('HSET', key_node_pending(owner), run_id, meta[1])
+if waiter ~= '' then redis.call('SADD', key_waiters(run_id), waiter) end
 local receivers = -1
 if owner ~= caller then receivers = notify(pub, owner, message) end
 return reply({'stopping', redis.call('HGETALL', rk), receivers})
@@ -453,9 +470,9 @@ if status == 'cancelled' and not requested_at then
   if cause == 'node_shutdown' then
     requested_at = NOW
     redis.call('HSET', rk, 'cancel_requested_at', NOW, 'cancel_mode', 'immediate',
-      'cancel_reason', 'node_shutdown', 'requested_by', node_id)
-    add_event(run_id, 'run.cancel_requested',
-      {mode = 'immediate', reason = 'node_shutdown', requested_by = node_id})
+      'cancel_cause', 'node_shutdown', 'cancel_reason', 'node_shutdown', 'requested_by', node_id)
+    add_event(run_id, 'run.cancel_requested', {mode = 'immediate', cause = 'node_shutdown',
+      reason = 'node_shutdown', requested_by = node_id})
   else  -- stopped by its node (lease lost, Redis unreachable) with nobody asking
     status, end_reason = 'failed', (cause ~= '' and cause) or 'error'
   end
@@ -494,7 +511,7 @@ if not node_alive(node_id, epoch) then return 0 end
 local updated = 0
 for _, item in ipairs(items) do
   local run_id, phase, delivered_at, entries = item[1], item[2], item[3], item[4]
-  local rk = P .. 'run:' .. run_id
+  local rk = key_run(run_id)
   local cur = redis.call('HMGET', rk, 'status', 'owner', 'epoch', 'cancel_requested_at',
     'cancel_delivered_at')
   if ACTIVE[cur[1]] and cur[2] == node_id and cur[3] == epoch then
@@ -539,7 +556,7 @@ local rk = KEYS[1]
 local run_id, node_id = ARGV[1], ARGV[2]
 local st = redis.call('HGET', rk, 'status')
 if not st then return '' end
-if ACTIVE[st] then redis.call('SADD', P .. 'wait:' .. run_id, node_id) end
+if ACTIVE[st] then redis.call('SADD', key_waiters(run_id), node_id) end
 return st
 """)
 
@@ -558,21 +575,21 @@ if cur[1] then
   if not ACTIVE[cur[1]] then return {'finished', cur[1]} end
   if cur[2] ~= node_id then return {'foreign', tostring(cur[2])} end
   redis.call('HSET', rk, 'epoch', epoch)
-  redis.call('SADD', P .. 'node:' .. node_id .. ':runs', run_id)
+  redis.call('SADD', key_node_runs(node_id), run_id)
   local mode = redis.call('HGET', rk, 'cancel_mode')
-  if mode then redis.call('HSET', P .. 'node:' .. node_id .. ':pending', run_id, mode) end
+  if mode then redis.call('HSET', key_node_pending(node_id), run_id, mode) end
   return {'ok'}
 end
 local r = cjson.decode(ARGV[4])
 for k, v in pairs(r) do redis.call('HSET', rk, k, v) end
 redis.call('HSET', rk, 'run_id', run_id, 'owner', node_id, 'epoch', epoch)
 if r.app_name and not session_holder(r.app_name, r.user_id, r.session_id) then
-  redis.call('SET', P .. 'sess:' .. r.app_name .. ':' .. r.user_id .. ':' .. r.session_id, run_id)
+  redis.call('SET', key_session(r.app_name, r.user_id, r.session_id), run_id)
 end
-redis.call('ZADD', P .. 'active', r.created_at, run_id)
-redis.call('SADD', P .. 'node:' .. node_id .. ':runs', run_id)
+redis.call('ZADD', key_active(), r.created_at, run_id)
+redis.call('SADD', key_node_runs(node_id), run_id)
 if r.cancel_mode then
-  redis.call('HSET', P .. 'node:' .. node_id .. ':pending', run_id, r.cancel_mode)
+  redis.call('HSET', key_node_pending(node_id), run_id, r.cancel_mode)
 end
 add_event(run_id, 'run.reasserted', {owner = node_id})
 return {'recreated'}

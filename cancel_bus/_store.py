@@ -216,6 +216,7 @@ class RunStore:
         mode: CancelMode,
         reason: str | None,
         requested_by: str | None,
+        cause: StopCause,
         waiter: str,
         caller: str,
     ) -> CancelAnswer:
@@ -233,6 +234,7 @@ class RunStore:
                 caller,
                 self.retention_ms,
                 self._script_pub,
+                cause.value,
             ],
         )
         run = RunInfo.from_redis(_fields(reply[1])) if len(reply) > 1 else None

@@ -60,14 +60,22 @@ class Outcome(StrEnum):
 
 
 class StopCause(StrEnum):
-    """Why a run was told to stop. Only ``REQUESTED`` and ``NODE_SHUTDOWN`` are cancels (a
-    drain records its request); the others end the run ``failed`` with the cause as its
-    ``end_reason`` — a run is recorded ``cancelled`` only if someone asked."""
+    """Why a run was told to stop. The first three are cancel requests, recorded in Redis (the
+    run ends ``cancelled``); the last two are its node stopping it without anyone asking (the
+    run ends ``failed``, with the cause as its ``end_reason``)."""
 
-    REQUESTED = "requested"  # a cancel request, recorded in Redis
+    USER = "user"  # a caller asked: the library, the HTTP API, the CLI, an adapter
+    CLIENT_DISCONNECT = "client_disconnect"  # the client streaming the run went away
     NODE_SHUTDOWN = "node_shutdown"  # its node drained
-    LEASE_LOST = "lease_lost"  # Redis says its node's lease is gone (the node was fenced)
+    LEASE_LOST = "lease_lost"  # Redis said its node's lease is gone (the node was fenced)
     REDIS_UNREACHABLE = "redis_unreachable"  # its node lost Redis for the self-fence deadline
+
+    @property
+    def is_request(self) -> bool:
+        return self in REQUEST_CAUSES
+
+
+REQUEST_CAUSES = frozenset({StopCause.USER, StopCause.CLIENT_DISCONNECT, StopCause.NODE_SHUTDOWN})
 
 
 EndReason = Literal[
@@ -78,13 +86,13 @@ EndReason = Literal[
 @dataclass(frozen=True, slots=True)
 class CancelRequest:
     """The intent to stop a run. The first request wins; a stronger mode escalates. ``cause``
-    says who or what asked: a recorded request, or the run's own node stopping it."""
+    says who or what asked (see :class:`StopCause`)."""
 
     mode: CancelMode
     reason: str | None
     requested_by: str | None
     requested_at: float
-    cause: StopCause = StopCause.REQUESTED
+    cause: StopCause = StopCause.USER
 
 
 class RunInfo(BaseModel):
@@ -106,6 +114,7 @@ class RunInfo(BaseModel):
     cancel_delivered_at: float | None = None
     cancel_observed_at: float | None = None
     cancel_mode: CancelMode | None = None
+    cancel_cause: StopCause | None = None
     cancel_reason: str | None = None
     requested_by: str | None = None
     output: str = ""
@@ -129,7 +138,11 @@ class RunInfo(BaseModel):
         if self.cancel_requested_at is None or self.cancel_mode is None:
             return None
         return CancelRequest(
-            self.cancel_mode, self.cancel_reason, self.requested_by, self.cancel_requested_at
+            self.cancel_mode,
+            self.cancel_reason,
+            self.requested_by,
+            self.cancel_requested_at,
+            self.cancel_cause or StopCause.USER,
         )
 
     @classmethod

@@ -7,6 +7,7 @@ from Redis's answer) is kept for a short while, so the waiter still finds it.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 
 from ._timed import TimedMap
 from ._types import RunInfo
@@ -48,6 +49,32 @@ class Waiters:
     def forget(self, run_id: str) -> None:
         """Drop a notice found wrong (the run is still active): later waiters wait again."""
         self._recent.pop(run_id)
+
+    async def until_end(
+        self,
+        run_id: str,
+        deadline: float,
+        read: Callable[[str], Awaitable[RunInfo | None]],
+    ) -> RunInfo | None:
+        """The run's final record once it ends, or None if the (loop-time) deadline comes
+        first. A notice without the record is checked with ``read``; if the run is still
+        active, the wait goes on."""
+        remaining = deadline - asyncio.get_running_loop().time()
+        try:
+            async with asyncio.timeout(max(remaining, 0)):
+                while True:
+                    future = self.add(run_id)
+                    try:
+                        final = await future
+                    finally:
+                        self.discard(run_id, future)
+                    if final is None:
+                        final = await read(run_id)
+                    if final is None or not final.is_active:
+                        return final
+                    self.forget(run_id)
+        except TimeoutError:
+            return None
 
     def run_ids(self) -> list[str]:
         return list(self._futures)

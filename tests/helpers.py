@@ -52,18 +52,62 @@ class LoopingRun:
         await asyncio.wait_for(self.task, WAIT)
 
 
+class GatedRun:
+    """A run that starts, emits ``before`` if given, then waits at a gate with no checkpoint:
+    the long step a cancel may meet. :meth:`release` lets it go on to ``then(run)`` (a
+    checkpoint, more output...) and end."""
+
+    def __init__(
+        self,
+        bus: CancelBus,
+        then: Callable[[RunHandle], None] | None = None,
+        before: str | None = None,
+        **run_options: Any,
+    ) -> None:
+        self.bus = bus
+        self.then = then
+        self.before = before
+        self.options = run_options
+        self.started = asyncio.Event()
+        self.gate = asyncio.Event()
+        self.handle: RunHandle | None = None
+        self.task: asyncio.Task[None] | None = None
+
+    @property
+    def run_id(self) -> str:
+        assert self.handle is not None
+        return self.handle.run_id
+
+    async def start(self) -> GatedRun:
+        self.task = asyncio.create_task(self._body())
+        await asyncio.wait_for(self.started.wait(), WAIT)
+        return self
+
+    def release(self) -> None:
+        self.gate.set()
+
+    async def done(self) -> None:
+        assert self.task is not None
+        await asyncio.wait_for(self.task, WAIT)
+
+    async def _body(self) -> None:
+        async with self.bus.run(**self.options) as run:
+            self.handle = run
+            if self.before is not None:
+                run.emit(self.before)
+            self.started.set()
+            await self.gate.wait()
+            if self.then is not None:
+                self.then(run)
+
+
 async def crash(bus: CancelBus, proxy: FaultProxy) -> None:
     """Make a node vanish without a word: its Redis link (through ``proxy``) goes dead and its
     background tasks stop, so it neither heartbeats, nor listens, nor leaves. Its runs' code
     goes on, as in a process that hangs; the test stops them."""
     proxy.refuse()
-    tasks = [*bus._tasks, *([bus._listener_task] if bus._listener_task else [])]
-    for task in tasks:
-        task.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)
-    bus._tasks.clear()
-    bus._listener_task = None
-    bus._state = "closed"
+    await bus._shutdown_tasks()
+    bus._lifecycle.phase = "closed"
 
 
 async def eventually(

@@ -13,12 +13,13 @@ from cancel_bus import (
     Outcome,
     RunCancelled,
     RunExists,
+    RunHandle,
     RunStatus,
     SessionBusy,
 )
 
 from .conftest import BusFactory
-from .helpers import WAIT, LoopingRun, eventually
+from .helpers import WAIT, GatedRun, LoopingRun, eventually
 
 
 async def test_cancel_from_another_node_stops_run_at_checkpoint(make_bus: BusFactory) -> None:
@@ -121,56 +122,32 @@ async def test_repeated_cancels_are_idempotent_and_every_waiter_is_answered(
     make_bus: BusFactory,
 ) -> None:
     a, b, c = await make_bus(), await make_bus(), await make_bus()
-    gate = asyncio.Event()
-    started = asyncio.Event()
-    ids: list[str] = []
-
-    async def work() -> None:
-        async with a.run() as run:
-            ids.append(run.run_id)
-            started.set()
-            await gate.wait()
-            run.checkpoint()
-
-    task = asyncio.create_task(work())
-    await asyncio.wait_for(started.wait(), WAIT)
-    first = asyncio.create_task(b.cancel(ids[0], reason="first", requested_by="b", timeout=WAIT))
-    await _until_stopping(b, ids[0])
-    second = asyncio.create_task(c.cancel(ids[0], reason="second", requested_by="c", timeout=WAIT))
-    third = asyncio.create_task(b.cancel(ids[0], reason="third", timeout=WAIT))
-    await _until_waiters(b, ids[0], 2)
-    gate.set()
+    run = await GatedRun(a, then=RunHandle.checkpoint).start()
+    first = asyncio.create_task(b.cancel(run.run_id, reason="first", requested_by="b"))
+    await eventually(lambda: _stopping(b, run.run_id))
+    second = asyncio.create_task(c.cancel(run.run_id, reason="second", requested_by="c"))
+    third = asyncio.create_task(b.cancel(run.run_id, reason="third"))
+    await eventually(lambda: _waiting_nodes(b, run.run_id, 2))
+    run.release()
     results = await asyncio.gather(first, second, third)
 
     assert [r.outcome for r in results] == [Outcome.CANCELLED] * 3
     for result in results:
         assert result.run is not None
         assert result.run.cancel_reason == "first" and result.run.requested_by == "b"
-    events = [e.type for e in await b.events(ids[0])]
+    events = [e.type for e in await b.events(run.run_id)]
     assert events.count("run.cancel_requested") == 1
-    await asyncio.wait_for(task, WAIT)
+    await run.done()
 
 
 async def test_success_after_accepted_cancel_is_recorded_cancelled(make_bus: BusFactory) -> None:
     a, b = await make_bus(), await make_bus()
-    gate = asyncio.Event()
-    started = asyncio.Event()
-    ids: list[str] = []
-
-    async def work() -> None:
-        async with a.run() as run:
-            ids.append(run.run_id)
-            run.emit("partial")
-            started.set()
-            await gate.wait()  # no checkpoint after this: the body completes normally
-
-    task = asyncio.create_task(work())
-    await asyncio.wait_for(started.wait(), WAIT)
-    pending = await b.cancel(ids[0], wait=False)
+    run = await GatedRun(a, before="partial").start()  # no checkpoint: the body completes
+    pending = await b.cancel(run.run_id, wait=False)
     assert pending.outcome is Outcome.STOPPING
-    gate.set()
-    await asyncio.wait_for(task, WAIT)
-    final = await b.get_run(ids[0])
+    run.release()
+    await run.done()
+    final = await b.get_run(run.run_id)
     assert final is not None
     assert final.status is RunStatus.CANCELLED and final.end_reason == "completed"
     assert final.output == "partial"
@@ -182,27 +159,18 @@ async def test_cancel_finish_race_has_exactly_one_terminal_state(
 ) -> None:
     a, b = await make_bus(), await make_bus()
     for _ in range(20):
-        body_may_end = asyncio.Event()
-        ids: list[str] = []
-
-        async def work(ids: list[str] = ids, gate: asyncio.Event = body_may_end) -> None:
-            async with a.run() as run:
-                ids.append(run.run_id)
-                await gate.wait()
-
-        task = asyncio.create_task(work())
-        await _until(lambda ids=ids: bool(ids))
+        run = await GatedRun(a).start()
         if cancel_first:
-            cancel = asyncio.create_task(b.cancel(ids[0], timeout=WAIT))
-            body_may_end.set()
+            cancel = asyncio.create_task(b.cancel(run.run_id, timeout=WAIT))
+            run.release()
         else:
-            body_may_end.set()
-            cancel = asyncio.create_task(b.cancel(ids[0], timeout=WAIT))
+            run.release()
+            cancel = asyncio.create_task(b.cancel(run.run_id, timeout=WAIT))
         result = await cancel
-        await asyncio.wait_for(task, WAIT)
-        final = await b.get_run(ids[0])
+        await run.done()
+        final = await b.get_run(run.run_id)
         assert final is not None and not final.is_active
-        events = [e.type for e in await b.events(ids[0])]
+        events = [e.type for e in await b.events(run.run_id)]
         assert events.count("run.finished") == 1
         if result.outcome is Outcome.CANCELLED:
             assert final.status is RunStatus.CANCELLED
@@ -215,34 +183,26 @@ async def test_wait_times_out_with_stopping_and_cancel_is_honoured_later(
     make_bus: BusFactory,
 ) -> None:
     a, b = await make_bus(), await make_bus()
-    gate = asyncio.Event()
-    started = asyncio.Event()
     observed: list[RunCancelled] = []
-    ids: list[str] = []
 
-    async def work() -> None:
-        async with a.run() as run:
-            ids.append(run.run_id)
-            started.set()
-            await gate.wait()  # a long step with no checkpoint
-            try:
-                run.checkpoint()
-            except RunCancelled as exc:
-                observed.append(exc)
-                raise
+    def checkpoint(run: RunHandle) -> None:
+        try:
+            run.checkpoint()
+        except RunCancelled as exc:
+            observed.append(exc)
+            raise
 
-    task = asyncio.create_task(work())
-    await asyncio.wait_for(started.wait(), WAIT)
-    result = await b.cancel(ids[0], timeout=0.3)
+    run = await GatedRun(a, then=checkpoint).start()  # a long step with no checkpoint
+    result = await b.cancel(run.run_id, timeout=0.3)
     assert result.outcome is Outcome.STOPPING
     assert result.run is not None and result.run.stopping
-    info = await b.get_run(ids[0])
+    info = await b.get_run(run.run_id)
     assert info is not None and info.status is RunStatus.RUNNING and info.cancel_requested_at
 
-    gate.set()
-    await asyncio.wait_for(task, WAIT)
+    run.release()
+    await run.done()
     assert len(observed) == 1
-    final = await b.get_run(ids[0])
+    final = await b.get_run(run.run_id)
     assert final is not None and final.status is RunStatus.CANCELLED
 
 
@@ -330,6 +290,8 @@ async def test_after_turn_lets_the_turn_finish(make_bus: BusFactory) -> None:
         nonlocal turns_completed
         async with a.run() as run:
             ids.append(run.run_id)
+            delivered = asyncio.Event()
+            run.add_cancel_callback(lambda _: delivered.set())
             for turn in range(3):
                 for chunk in range(5):
                     run.emit(f"t{turn}c{chunk} ")
@@ -337,14 +299,14 @@ async def test_after_turn_lets_the_turn_finish(make_bus: BusFactory) -> None:
                     if turn == 0 and chunk == 1:
                         started.set()
                         await cancel_sent.wait()
-                        await _until(lambda: run.cancel_requested is not None)
+                        await asyncio.wait_for(delivered.wait(), WAIT)
                 turns_completed += 1
                 run.turn_boundary()
 
     task = asyncio.create_task(work())
     await asyncio.wait_for(started.wait(), WAIT)
     cancel = asyncio.create_task(b.cancel(ids[0], mode=CancelMode.AFTER_TURN, timeout=WAIT))
-    await _until_stopping(b, ids[0])
+    await eventually(lambda: _stopping(b, ids[0]))
     cancel_sent.set()
     result = await cancel
     await asyncio.wait_for(task, WAIT)
@@ -454,35 +416,21 @@ async def test_wait_for_a_run_from_another_node(make_bus: BusFactory) -> None:
     a, b = await make_bus(), await make_bus()
     run = await LoopingRun(a).start()
     waiter = asyncio.create_task(b.wait(run.run_id, timeout=WAIT))
-    await _until_waiters(b, run.run_id, 1)
+    await eventually(lambda: _waiting_nodes(b, run.run_id, 1))
     run.finish.set()
     final = await waiter
     assert final is not None and final.status is RunStatus.SUCCEEDED
     assert await b.wait("unknown-run", timeout=1) is None
 
 
-async def _until(condition: object, timeout: float = WAIT) -> None:
-    async with asyncio.timeout(timeout):
-        while not condition():  # type: ignore[operator]
-            await asyncio.sleep(0.001)
+async def _stopping(bus: CancelBus, run_id: str) -> bool:
+    info = await bus.get_run(run_id)
+    return info is not None and info.stopping
 
 
-async def _until_stopping(bus: object, run_id: str) -> None:
-    async with asyncio.timeout(WAIT):
-        while True:
-            info = await bus.get_run(run_id)  # type: ignore[attr-defined]
-            if info is not None and info.stopping:
-                return
-            await asyncio.sleep(0.005)
-
-
-async def _until_waiters(bus: object, run_id: str, count: int) -> None:
-    """Until ``count`` nodes are recorded as waiting for the run."""
-    redis = bus.redis  # type: ignore[attr-defined]
-    key = bus.keys.waiters(run_id)  # type: ignore[attr-defined]
-    async with asyncio.timeout(WAIT):
-        while await redis.scard(key) < count:
-            await asyncio.sleep(0.005)
+async def _waiting_nodes(bus: CancelBus, run_id: str, count: int) -> bool:
+    """``count`` nodes are recorded as waiting for the run."""
+    return int(await bus.redis.scard(bus.keys.waiters(run_id))) >= count  # type: ignore[misc]
 
 
 async def test_cancel_callbacks_fire_on_delivery_and_escalation(make_bus: BusFactory) -> None:
@@ -538,4 +486,4 @@ async def test_an_immediate_cancel_that_beats_the_registration_still_interrupts(
 
 
 async def _remembered(bus: CancelBus, run_id: str) -> bool:
-    return run_id in bus._early_cancels
+    return run_id in bus._local._early

@@ -8,10 +8,10 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from cancel_bus import CancelBus, Outcome, RunStatus
+from cancel_bus import CancelBus, Outcome, RunHandle, RunStatus
 from node.embedded import EmbeddedServer
 
-from .helpers import WAIT, LoopingRun, eventually
+from .helpers import WAIT, GatedRun, LoopingRun, eventually
 
 LEASE = 1.5
 
@@ -50,59 +50,37 @@ async def test_accepted_cancel_and_waiter_survive_data_loss(
     own_server: EmbeddedServer, pair: tuple[CancelBus, ...]
 ) -> None:
     a, b = pair
-    gate = asyncio.Event()
-    started = asyncio.Event()
-    ids: list[str] = []
-
-    async def work() -> None:
-        async with a.run() as run:
-            ids.append(run.run_id)
-            started.set()
-            await gate.wait()  # no checkpoint yet
-            run.checkpoint()
-
-    task = asyncio.create_task(work())
-    await asyncio.wait_for(started.wait(), WAIT)
+    run = await GatedRun(a, then=RunHandle.checkpoint).start()  # no checkpoint yet
+    ids = [run.run_id]
     # The cancel is accepted but not yet delivered when Redis forgets everything: make the
     # owner miss the message by stopping its listener first.
-    assert a._listener_task is not None
-    a._listener_task.cancel()
+    await a._inbox.unsubscribe()
     waiter = asyncio.create_task(b.cancel(ids[0], timeout=3 * LEASE + 5))
     await eventually(lambda: _is_stopping(b, ids[0]))
     own_server.restart()
-    await a._start_listener(timeout=WAIT)  # the owner's subscriber comes back
+    await a._inbox.subscribe(timeout=WAIT)  # the owner's subscriber comes back
 
     async def redelivered() -> bool:
-        handle = a._local.get(ids[0])
-        return handle is not None and handle.cancel_requested is not None
+        return run.handle is not None and run.handle.cancel_requested is not None
 
     await eventually(redelivered, timeout=3 * LEASE + 3)
-    gate.set()
+    run.release()
     result = await asyncio.wait_for(waiter, WAIT)
     assert result.outcome is Outcome.CANCELLED
-    await asyncio.wait_for(task, WAIT)
+    await run.done()
 
 
 async def test_finish_during_outage_is_recorded_after_restart(
     own_server: EmbeddedServer, pair: tuple[CancelBus, ...]
 ) -> None:
     a, b = pair
-    gate = asyncio.Event()
-    started = asyncio.Event()
-    ids: list[str] = []
-
-    async def work() -> None:
-        async with a.run(app_name="app", user_id="u", session_id="s") as run:
-            ids.append(run.run_id)
-            started.set()
-            await gate.wait()
-            run.emit("result")
-
-    task = asyncio.create_task(work())
-    await asyncio.wait_for(started.wait(), WAIT)
+    run = await GatedRun(
+        a, then=lambda run: run.emit("result"), app_name="app", user_id="u", session_id="s"
+    ).start()
+    ids = [run.run_id]
     own_server.kill()
-    gate.set()
-    await asyncio.wait_for(task, WAIT)
+    run.release()
+    await run.done()
     own_server.start()
 
     async def recorded() -> bool:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import ast
-import asyncio
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from types import ModuleType
 
@@ -11,6 +11,9 @@ import pytest
 
 import cancel_bus
 from cancel_bus import BusUnavailable, CancelBusError
+
+from .conftest import BusFactory
+from .faultproxy import FaultProxy
 
 PACKAGE = Path(cancel_bus.__file__).parent
 
@@ -54,7 +57,7 @@ def test_redis_exceptions_are_imported_only_at_the_translation_boundary() -> Non
         for node in ast.walk(tree):
             if isinstance(node, ast.ImportFrom) and node.module == "redis.exceptions":
                 importers.add(path.name)
-    assert importers <= {"_redis.py", "_listener.py"}
+    assert importers <= {"_redis.py", "_inbox.py"}
 
 
 def test_all_errors_live_in_one_module() -> None:
@@ -68,11 +71,39 @@ def test_all_errors_live_in_one_module() -> None:
                 assert not bases & {"Exception", "CancelBusError", "ValueError"}, (path, node.name)
 
 
-async def test_no_redis_error_leaks_from_any_call() -> None:
+async def test_no_redis_error_leaks_from_any_call(make_bus: BusFactory, proxy: FaultProxy) -> None:
     bus = cancel_bus.CancelBus("redis://127.0.0.1:1/0", namespace="leak", lease_ttl=1)
     with pytest.raises(BusUnavailable) as caught:
         await bus.start()
-    assert isinstance(caught.value, CancelBusError)
     assert caught.value.__cause__ is not None  # translated with `raise ... from exc`
     await bus.close()
-    await asyncio.sleep(0)
+
+    bus = await make_bus(url=proxy.url, lease_ttl=30)
+    proxy.refuse()  # a started bus whose Redis goes away: every call says so, typed
+
+    async def enter_a_run() -> None:
+        async with bus.run():
+            pass
+
+    async def follow() -> None:
+        async for _ in bus.follow("r1"):
+            pass
+
+    calls: list[Callable[[], Awaitable[object]]] = [
+        bus.enqueue,
+        lambda: bus.cancel("r1", timeout=2),
+        lambda: bus.cancel_session("a", "u", "s", timeout=2),
+        lambda: bus.wait("r1", timeout=2),
+        lambda: bus.get_run("r1"),
+        bus.list_runs,
+        bus.list_nodes,
+        lambda: bus.events("r1"),
+        follow,
+        enter_a_run,
+    ]
+    for call in calls:
+        with pytest.raises(CancelBusError) as caught:
+            await call()
+        assert isinstance(caught.value, BusUnavailable), caught.value
+        assert caught.value.__cause__ is not None or "timeout" in str(caught.value)
+    proxy.heal()

@@ -3,13 +3,14 @@ after a lost reply must change nothing)."""
 
 from __future__ import annotations
 
+import re
 import time
 import uuid
 
 import pytest
 import redis.asyncio as aioredis
 
-from cancel_bus._keys import KeySpace
+from cancel_bus._keys import KEY_TEMPLATES, KeySpace
 from cancel_bus._scripts import ALL_SCRIPTS, EVENTS_MAX, PRELUDE
 from cancel_bus._store import RunStore
 from cancel_bus._types import CancelMode, RunStatus, StopCause
@@ -69,6 +70,7 @@ async def _cancel(
         mode=mode,
         reason=reason,
         requested_by="tester",
+        cause=StopCause.USER,
         waiter=waiter,
         caller="caller",
     )
@@ -406,3 +408,29 @@ async def test_a_queued_run_is_claimed_only_by_its_own_session(store: RunStore) 
     assert code == "exists"  # a run queued without a session is not a user's to claim
     code, _, _ = await store.start_run("q2", "n1", epoch, None, None, False)
     assert code == "ok"  # the library claims it by id alone
+
+
+async def test_the_scripts_name_every_key_as_keyspace_does(
+    store: RunStore, raw_redis: aioredis.Redis
+) -> None:
+    ids = {
+        "run_id": "r-1",
+        "node_id": "n.1",
+        "app_name": "app",
+        "user_id": "u@x",
+        "session_id": "s=1",
+    }
+    for kind, template in KEY_TEMPLATES.items():
+        fields = re.findall(r"{(\w+)}", template)
+        args = [ids[field] for field in fields]
+        lua = await raw_redis.eval(  # type: ignore[misc]
+            f"{PRELUDE}\nreturn key_{kind}(unpack(ARGV))", 1, store.keys.active, *args
+        )
+        accessor = getattr(store.keys, kind)
+        python = accessor(*args) if callable(accessor) else accessor
+        assert lua == python == store.keys.name(kind, **{f: ids[f] for f in fields}), kind
+    for name, text in ALL_SCRIPTS.items():  # no script builds a name of its own
+        assert "P .." not in text.removeprefix(PRELUDE), name
+    built = [line for line in PRELUDE.splitlines() if "P .." in line]
+    assert all(line.startswith("local function key_") for line in built)
+    assert len(built) == len(KEY_TEMPLATES)

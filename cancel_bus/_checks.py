@@ -1,0 +1,122 @@
+"""Argument checks of the public calls: bad input is an :class:`InvalidArgument` (or
+:class:`InvalidId`) before anything touches Redis."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any
+
+from ._errors import InvalidArgument
+from ._keys import validate_id
+from ._types import CancelMode, RunStatus, StopCause
+
+MAX_TEXT = 1000
+MAX_LIST_LIMIT = 1000
+MAX_METADATA_BYTES = 16384
+MAX_TIMEOUT = 3600.0
+
+
+def require(condition: bool, message: str) -> None:
+    if not condition:
+        raise InvalidArgument(message)
+
+
+def run_id(value: str | None) -> str:
+    """The given run id, checked, or a new one (UUID4)."""
+    return uuid.uuid4().hex if value is None else validate_id(value, "run_id")
+
+
+def session(
+    app_name: str | None, user_id: str | None, session_id: str | None
+) -> tuple[str, str, str] | None:
+    parts = (app_name, user_id, session_id)
+    if all(part is None for part in parts):
+        return None
+    if any(part is None for part in parts):
+        raise InvalidArgument("a session key needs app_name, user_id and session_id together")
+    return (
+        validate_id(app_name, "app_name"),
+        validate_id(user_id, "user_id"),
+        validate_id(session_id, "session_id"),
+    )
+
+
+def metadata(value: dict[str, Any] | None) -> dict[str, Any] | None:
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise InvalidArgument("metadata must be a dict")
+    try:
+        size = len(json.dumps(value))
+    except (TypeError, ValueError) as exc:
+        raise InvalidArgument(f"metadata must be JSON-serialisable: {exc}") from None
+    require(size <= MAX_METADATA_BYTES, "metadata must be at most 16 KiB as JSON")
+    return value
+
+
+def mode(value: CancelMode | str) -> CancelMode:
+    try:
+        return CancelMode(value)
+    except ValueError:
+        valid = ", ".join(m.value for m in CancelMode)
+        raise InvalidArgument(f"invalid cancel mode {value!r} (one of {valid})") from None
+
+
+def cause(value: StopCause | str) -> StopCause:
+    """Who asks for a cancel: only a request cause (a run stopped by its node asks nobody)."""
+    try:
+        checked = StopCause(value)
+    except ValueError:
+        checked = None
+    if checked is None or not checked.is_request:
+        valid = ", ".join(c.value for c in StopCause if c.is_request)
+        raise InvalidArgument(f"invalid cancel cause {value!r} (one of {valid})")
+    return checked
+
+
+def text(value: str | None, what: str, limit: int = MAX_TEXT) -> str | None:
+    require(
+        value is None or (isinstance(value, str) and len(value) <= limit),
+        f"{what} must be a string of at most {limit} characters",
+    )
+    return value
+
+
+def timeout(value: float) -> float:
+    require(
+        isinstance(value, int | float) and 0 < value <= MAX_TIMEOUT,
+        f"timeout must be between 0 and {MAX_TIMEOUT:.0f} seconds",
+    )
+    return value
+
+
+def status_filter(value: RunStatus | str) -> RunStatus | str:
+    """ "active", "all" or a :class:`RunStatus`."""
+    if value in ("active", "all"):
+        return value
+    try:
+        return RunStatus(value)
+    except ValueError:
+        raise InvalidArgument(f"invalid status {value!r}") from None
+
+
+def optional_id(value: str | None, what: str) -> str | None:
+    return None if value is None else validate_id(value, what)
+
+
+def limit(value: int) -> int:
+    require(
+        isinstance(value, int) and 1 <= value <= MAX_LIST_LIMIT,
+        f"limit must be between 1 and {MAX_LIST_LIMIT}",
+    )
+    return value
+
+
+def signing_keys(signing_key: str | bytes | None, others: list[str | bytes]) -> list[bytes]:
+    """The keys of the message seal: the signing key first, then the other accepted ones."""
+    require(not others or signing_key is not None, "verification_keys need a signing_key")
+    keys = ([signing_key] if signing_key is not None else []) + others
+    for key in keys:
+        require(isinstance(key, str | bytes) and len(key) > 0, "a signing key must not be empty")
+    return [key.encode() if isinstance(key, str) else key for key in keys]

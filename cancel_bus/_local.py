@@ -1,0 +1,256 @@
+"""This node's live runs: registering and ending them (the owner every run reports to), the
+cancels that reach them, and those that came before their start returned here.
+
+Owner writes (start, finish, waiting) are bounded: at most ``OWNER_WRITES`` in flight, the rest
+wait on a semaphore (no timer each), so a burst of ends cannot flood the event loop. A finish
+that Redis does not take within an interval waits in the outbox, not in the run's exit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from enum import Enum
+
+from ._errors import (
+    BusUnavailable,
+    CancelBusError,
+    Fenced,
+    RunCancelled,
+    RunExists,
+    SessionBusy,
+)
+from ._lease import Lease
+from ._messages import SESSION_TARGET_PREFIX, run_target, session_target
+from ._outbox import Outbox, Write
+from ._run import Ending, RunHandle, RunSpec, RunState
+from ._state import Lifecycle
+from ._store import RunStore
+from ._sync import RunSync
+from ._timed import TimedMap
+from ._types import BusStats, CancelMode, CancelRequest, RunStatus, StopCause
+
+log = logging.getLogger("cancel_bus")
+
+OWNER_WRITES = 32  # owner writes in flight at once: a burst must not flood the event loop
+EARLY_CANCEL_SECONDS = 30.0
+MAX_ERROR = 1000
+
+
+class Delivery(Enum):
+    """What a cancel did to a run of this node."""
+
+    DELIVERED = "delivered"  # its token is set (or a stronger mode escalated it)
+    UNCHANGED = "unchanged"  # it had it already
+    EARLY = "early"  # the run is not here (yet): kept, applied if it starts here soon
+    MISADDRESSED = "misaddressed"  # a session cancel for another session's run
+
+
+class LocalRuns:
+    def __init__(
+        self,
+        *,
+        store: RunStore,
+        lease: Lease,
+        sync: RunSync,
+        outbox: Outbox,
+        lifecycle: Lifecycle,
+        stats: BusStats,
+        max_output_chars: int,
+    ) -> None:
+        self._store = store
+        self._lease = lease
+        self._sync = sync
+        self._outbox = outbox
+        self._lifecycle = lifecycle
+        self._stats = stats
+        self._max_output_chars = max_output_chars
+        self._runs: dict[str, RunState] = {}
+        self._empty = asyncio.Event()
+        self._empty.set()
+        self._early: TimedMap[str, CancelRequest] = TimedMap(EARLY_CANCEL_SECONDS, 10_000)
+        self._writes = asyncio.Semaphore(OWNER_WRITES)
+
+    # -- the table ----------------------------------------------------------------------------
+
+    def get(self, run_id: str) -> RunState | None:
+        return self._runs.get(run_id)
+
+    def states(self) -> list[RunState]:
+        return list(self._runs.values())
+
+    def handles(self) -> list[RunHandle]:
+        return [state.handle for state in self._runs.values() if state.handle is not None]
+
+    def __len__(self) -> int:
+        return len(self._runs)
+
+    def __contains__(self, run_id: object) -> bool:
+        return run_id in self._runs
+
+    async def wait_empty(self, timeout: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._empty.wait(), timeout)
+
+    # -- the cancels that reach runs here -----------------------------------------------------
+
+    def deliver(self, run_id: str, request: CancelRequest, target: str | None = None) -> Delivery:
+        """Set the run's token; a run not here (yet) keeps the request for its start. A session
+        ``target`` must be the run's own session."""
+        state = self._runs.get(run_id)
+        if state is None:
+            self._early.put(run_id, request)
+            return Delivery.EARLY
+        if target is not None and target.startswith(SESSION_TARGET_PREFIX):
+            handle = state.handle
+            if handle is None or handle.session is None or target != session_target(handle.session):
+                return Delivery.MISADDRESSED
+        if not state.deliver(request, self.clock()):
+            return Delivery.UNCHANGED
+        self._sync.mark(state)
+        return Delivery.DELIVERED
+
+    async def drain(self, timeout: float) -> None:
+        """The end of a drain: cancel every run still here, as the node's own request
+        (``node_shutdown``), and wait up to ``timeout`` for them to end. A request that cannot
+        be recorded is recorded by the run's finish instead."""
+        states = self.states()
+
+        async def cancel(state: RunState) -> None:
+            try:
+                async with asyncio.timeout(timeout):
+                    answer = await self._store.request_cancel(
+                        run_id=state.run_id,
+                        session=None,
+                        target=run_target(state.run_id),
+                        mode=CancelMode.IMMEDIATE,
+                        reason=StopCause.NODE_SHUTDOWN.value,
+                        requested_by=self._lease.node_id,
+                        cause=StopCause.NODE_SHUTDOWN,
+                        waiter="",
+                        caller=self._lease.node_id,
+                    )
+            except (CancelBusError, TimeoutError):
+                state.stop(StopCause.NODE_SHUTDOWN, self.clock())
+                return
+            request = answer.run.cancel_request if answer.run is not None else None
+            if request is not None:
+                self.deliver(state.run_id, request)
+
+        await asyncio.gather(*(cancel(state) for state in states))
+        if states:
+            await self.wait_empty(timeout)
+
+    def stop_all(self, cause: StopCause) -> None:
+        """Stop every run here without a request (see :meth:`RunState.stop`)."""
+        now = self.clock()
+        for state in list(self._runs.values()):
+            state.stop(cause, now)
+
+    # -- the RunOwner protocol (called by RunScope and RunHandle) -----------------------------
+
+    def clock(self) -> float:
+        return self._lease.clock()
+
+    async def start_run(self, spec: RunSpec) -> RunHandle:
+        self._lifecycle.require_open(accepting=True)
+        node_id, epoch = self._lease.node_id, self._lease.epoch
+        async with self._writes:
+            code, run, detail = await self._store.start_run(
+                spec.run_id, node_id, epoch, spec.session, spec.metadata, spec.relay
+            )
+        if code == "fenced":
+            raise Fenced(f"node {node_id} has lost its lease")
+        if code == "missing":
+            raise BusUnavailable("Redis lost this node's record; it re-registers within a beat")
+        if code == "session_busy":
+            assert spec.session is not None
+            raise SessionBusy(spec.session, detail)
+        assert run is not None
+        if code == "exists":
+            if run.status is RunStatus.CANCELLED and run.started_at is None:
+                raise RunCancelled(run.run_id, run.cancel_request)
+            raise RunExists(run.run_id, run.status.value)
+        state = RunState(
+            run, epoch=epoch, relay=spec.relay, max_output_chars=self._max_output_chars
+        )
+        handle = RunHandle(state, self)
+        self._runs[run.run_id] = state
+        self._empty.clear()
+        early = self._early.pop(run.run_id)
+        if early is not None:
+            self.deliver(run.run_id, early)
+        return handle
+
+    async def finish_run(self, state: RunState, ending: Ending) -> None:
+        with contextlib.suppress(CancelBusError):  # relayed output is best effort; the end is not
+            await self._sync.flush(state)
+
+        async def write() -> None:
+            await self._write_finish(state, ending)
+
+        if len(self._outbox):  # Redis is failing: queue behind the others, don't hold the exit
+            self._defer(state.run_id, write, "earlier finishes are waiting for Redis")
+            return
+        try:
+            async with self._writes:
+                async with asyncio.timeout(self._lease.interval):
+                    await write()
+        except (BusUnavailable, TimeoutError) as exc:  # a retried finish is idempotent
+            self._defer(state.run_id, write, str(exc) or "no answer from Redis")
+
+    async def set_waiting(self, state: RunState, waiting: bool) -> None:
+        target = RunStatus.WAITING if waiting else RunStatus.RUNNING
+        async with self._writes:
+            code, detail = await self._store.set_waiting(
+                state.run_id, self._lease.node_id, state.epoch, target
+            )
+        if code == "ok":
+            return
+        if code == "fenced":
+            raise Fenced(f"run {state.run_id} is no longer owned by this node incarnation")
+        run = await self._store.get_run(state.run_id)
+        request = run.cancel_request if run is not None else None
+        if request is not None:
+            self.deliver(state.run_id, request)
+            raise RunCancelled(state.run_id, request)
+        raise CancelBusError(f"run {state.run_id} cannot become {target.value}: it is {detail}")
+
+    def run_changed(self, state: RunState) -> None:
+        self._sync.mark(state)
+
+    # -- internals ----------------------------------------------------------------------------
+
+    def _defer(self, run_id: str, write: Write, why: str) -> None:
+        log.warning("cancel-bus: finish of %s deferred: %s", run_id, why)
+        self._stats.finishes_deferred += 1
+        self._outbox.add(run_id, write)
+
+    async def _write_finish(self, state: RunState, ending: Ending) -> None:
+        code, final, _ = await self._store.finish_run(
+            run_id=state.run_id,
+            node_id=self._lease.node_id,
+            epoch=state.epoch,
+            status=ending.status,
+            stop_cause=state.stop_cause,
+            output=state.output,
+            output_truncated=state.output_truncated,
+            error=ending.error[:MAX_ERROR] if ending.error else None,
+            phase=state.phase,
+            delivered_at=state.delivered_at,
+            observed_at=state.observed_at,
+            record=state.record(),
+        )
+        if code == "missing":
+            raise BusUnavailable("Redis lost this node's record; retrying after it re-registers")
+        self._runs.pop(state.run_id, None)
+        if not self._runs:
+            self._empty.set()
+        if code == "fenced":
+            self._stats.finishes_fenced += 1
+            log.warning(
+                "cancel-bus: finish of %s refused: this incarnation was fenced", state.run_id
+            )
+            return
+        state.final_status = RunStatus(final)
