@@ -11,7 +11,7 @@ import os
 import re
 import secrets
 import socket
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ._errors import InvalidArgument, InvalidId
 
@@ -74,16 +74,14 @@ class KeySpace:
     """Names of one namespace (see :data:`KEY_TEMPLATES`; the scripts build the same names)."""
 
     namespace: str
+    prefix: str = field(init=False)  # cb:{<namespace>}: — the hash tag
 
     def __post_init__(self) -> None:
         validate_id(self.namespace, "namespace")
-
-    @property
-    def prefix(self) -> str:
-        return f"cb:{{{self.namespace}}}:"
+        object.__setattr__(self, "prefix", f"cb:{{{self.namespace}}}:")
 
     def name(self, kind: str, **ids: str) -> str:
-        return self.prefix + KEY_TEMPLATES[kind].format(**ids)
+        return self.prefix + KEY_TEMPLATES[kind].format_map(ids)
 
     def acl_rules(self) -> str:
         """The minimal Redis ACL rules for a user of this namespace only: its keys, its channels,

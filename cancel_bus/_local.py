@@ -1,9 +1,10 @@
 """This node's live runs: registering and ending them (the owner every run reports to), the
 cancels that reach them, and those that came before their start returned here.
 
-Owner writes (start, finish, waiting) are bounded: at most ``OWNER_WRITES`` in flight, the rest
-wait on a semaphore (no timer each), so a burst of ends cannot flood the event loop. A finish
-that Redis does not take within an interval waits in the outbox, not in the run's exit.
+A burst of owner writes (100,000 runs ending in one event-loop turn) is a queue in the store's
+batcher, not a race for connections: the heartbeat, on connections of its own, is never behind
+it. A finish that Redis does not answer within an interval of being sent waits in the outbox,
+not in the run's exit.
 """
 
 from __future__ import annotations
@@ -29,11 +30,10 @@ from ._state import Lifecycle
 from ._store import RunStore
 from ._sync import RunSync
 from ._timed import TimedMap
-from ._types import BusStats, CancelMode, CancelRequest, RunStatus, StopCause
+from ._types import BusStats, CancelMode, CancelRequest, RunInfo, RunStatus, StopCause
 
 log = logging.getLogger("cancel_bus")
 
-OWNER_WRITES = 32  # owner writes in flight at once: a burst must not flood the event loop
 EARLY_CANCEL_SECONDS = 30.0
 MAX_ERROR = 1000
 
@@ -70,7 +70,8 @@ class LocalRuns:
         self._empty = asyncio.Event()
         self._empty.set()
         self._early: TimedMap[str, CancelRequest] = TimedMap(EARLY_CANCEL_SECONDS, 10_000)
-        self._writes = asyncio.Semaphore(OWNER_WRITES)
+        self.starting = 0  # starts sent to Redis, not answered yet
+        self.finishing = 0  # finishes of runs still in the table, not answered yet
 
     # -- the table ----------------------------------------------------------------------------
 
@@ -88,6 +89,12 @@ class LocalRuns:
 
     def __contains__(self, run_id: object) -> bool:
         return run_id in self._runs
+
+    def agrees_with(self, recorded: int) -> bool:
+        """Whether Redis's count of this node's runs can be right: the table's count, give or
+        take the starts and finishes on their way."""
+        held = len(self._runs)
+        return held - self.finishing <= recorded <= held + self.starting
 
     async def wait_empty(self, timeout: float) -> None:
         with contextlib.suppress(TimeoutError):
@@ -156,10 +163,13 @@ class LocalRuns:
     async def start_run(self, spec: RunSpec) -> RunHandle:
         self._lifecycle.require_open(accepting=True)
         node_id, epoch = self._lease.node_id, self._lease.epoch
-        async with self._writes:
-            code, run, detail = await self._store.start_run(
+        self.starting += 1
+        try:
+            code, fields, detail = await self._store.start_run(
                 spec.run_id, node_id, epoch, spec.session, spec.metadata, spec.relay
             )
+        finally:
+            self.starting -= 1
         if code == "fenced":
             raise Fenced(f"node {node_id} has lost its lease")
         if code == "missing":
@@ -167,20 +177,25 @@ class LocalRuns:
         if code == "session_busy":
             assert spec.session is not None
             raise SessionBusy(spec.session, detail)
-        assert run is not None
+        assert fields is not None
         if code == "exists":
+            run = RunInfo.from_redis(fields)
             if run.status is RunStatus.CANCELLED and run.started_at is None:
                 raise RunCancelled(run.run_id, run.cancel_request)
             raise RunExists(run.run_id, run.status.value)
         state = RunState(
-            run, epoch=epoch, relay=spec.relay, max_output_chars=self._max_output_chars
+            spec.run_id,
+            fields,
+            epoch=epoch,
+            relay=spec.relay,
+            max_output_chars=self._max_output_chars,
         )
         handle = RunHandle(state, self)
-        self._runs[run.run_id] = state
+        self._runs[spec.run_id] = state
         self._empty.clear()
-        early = self._early.pop(run.run_id)
+        early = self._early.pop(spec.run_id)
         if early is not None:
-            self.deliver(run.run_id, early)
+            self.deliver(spec.run_id, early)
         return handle
 
     async def finish_run(self, state: RunState, ending: Ending) -> None:
@@ -194,18 +209,15 @@ class LocalRuns:
             self._defer(state.run_id, write, "earlier finishes are waiting for Redis")
             return
         try:
-            async with self._writes:
-                async with asyncio.timeout(self._lease.interval):
-                    await write()
-        except (BusUnavailable, TimeoutError) as exc:  # a retried finish is idempotent
-            self._defer(state.run_id, write, str(exc) or "no answer from Redis")
+            await write()
+        except BusUnavailable as exc:
+            self._defer(state.run_id, write, str(exc))
 
     async def set_waiting(self, state: RunState, waiting: bool) -> None:
         target = RunStatus.WAITING if waiting else RunStatus.RUNNING
-        async with self._writes:
-            code, detail = await self._store.set_waiting(
-                state.run_id, self._lease.node_id, state.epoch, target
-            )
+        code, detail = await self._store.set_waiting(
+            state.run_id, self._lease.node_id, state.epoch, target
+        )
         if code == "ok":
             return
         if code == "fenced":
@@ -228,7 +240,27 @@ class LocalRuns:
         self._outbox.add(run_id, write)
 
     async def _write_finish(self, state: RunState, ending: Ending) -> None:
-        code, final, _ = await self._store.finish_run(
+        state.finishing = True
+        self.finishing += 1
+        try:
+            code, final, _ = await self._write(state, ending)
+        finally:
+            self.finishing -= 1
+        if code == "missing":
+            raise BusUnavailable("Redis lost this node's record; retrying after it re-registers")
+        self._runs.pop(state.run_id, None)
+        if not self._runs:
+            self._empty.set()
+        if code == "fenced":
+            self._stats.finishes_fenced += 1
+            log.warning(
+                "cancel-bus: finish of %s refused: its incarnation was fenced", state.run_id
+            )
+            return
+        state.final_status = RunStatus(final)
+
+    async def _write(self, state: RunState, ending: Ending) -> tuple[str, str, str]:
+        return await self._store.finish_run(
             run_id=state.run_id,
             node_id=self._lease.node_id,
             epoch=state.epoch,
@@ -240,17 +272,6 @@ class LocalRuns:
             phase=state.phase,
             delivered_at=state.delivered_at,
             observed_at=state.observed_at,
-            record=state.record(),
+            record=state.record,
+            timeout=self._lease.interval,  # a retried finish is idempotent
         )
-        if code == "missing":
-            raise BusUnavailable("Redis lost this node's record; retrying after it re-registers")
-        self._runs.pop(state.run_id, None)
-        if not self._runs:
-            self._empty.set()
-        if code == "fenced":
-            self._stats.finishes_fenced += 1
-            log.warning(
-                "cancel-bus: finish of %s refused: this incarnation was fenced", state.run_id
-            )
-            return
-        state.final_status = RunStatus(final)

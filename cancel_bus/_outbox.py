@@ -1,7 +1,7 @@
 """Terminal writes that could not land yet, retried until Redis accepts or fences them.
 
-A finish is never silently lost: while Redis is unreachable the run's end waits here, in
-order, and the node keeps heartbeating it as an active run.
+A finish is never silently lost: while Redis is unreachable the run's end waits here, and the
+node keeps heartbeating it as an active run. Every retry sends all of them at once.
 """
 
 from __future__ import annotations
@@ -44,18 +44,19 @@ class Outbox:
         return len(self._pending)
 
     async def flush(self) -> bool:
-        """Try every pending write once, in order; True if none is left."""
-        for run_id, write in list(self._pending.items()):
-            try:
-                await write()
-            except BusUnavailable:
-                raise_if_cancelling()
-                return False
-            except Exception:  # not a transient failure: retrying would not help
-                raise_if_cancelling()
-                log.exception("cancel-bus: terminal write of %s dropped", run_id)
-            self._pending.pop(run_id, None)
-        return True
+        """Try every pending write once, all together (the store batches them); True if none is
+        left."""
+        pending = list(self._pending.items())
+        results = await asyncio.gather(*(write() for _, write in pending), return_exceptions=True)
+        raise_if_cancelling()
+        for (run_id, write), result in zip(pending, results, strict=True):
+            if isinstance(result, BusUnavailable):
+                continue  # still waiting for Redis
+            if isinstance(result, BaseException):  # not a transient failure: retrying won't help
+                log.error("cancel-bus: terminal write of %s dropped: %r", run_id, result)
+            if self._pending.get(run_id) is write:
+                del self._pending[run_id]
+        return not self._pending
 
     def stop(self) -> None:
         """End :meth:`run_forever` at its next turn (even if a cancellation was swallowed)."""

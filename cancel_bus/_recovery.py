@@ -78,7 +78,7 @@ class Recovery:
     async def lease_renewed(self, recorded_runs: int) -> None:
         self._outbox.retry_now()
         try:
-            if recorded_runs != len(self._local) + len(self._outbox) and not self._reconciling:
+            if not self._local.agrees_with(recorded_runs) and not self._reconciling:
                 self._reconciling = True
                 try:
                     await self._reconcile()
@@ -157,7 +157,7 @@ class Recovery:
         node_id, epoch = self._lease.node_id, self._lease.epoch
         recorded = await self._store.node_run_ids(node_id)
         for state in self._local.states():
-            if state.run_id in recorded or state.epoch != epoch:
+            if state.run_id in recorded or state.epoch != epoch or state.finishing:
                 continue
             code, detail = await self._store.reassert_run(
                 state.run_id, node_id, state.epoch, state.record()
@@ -187,7 +187,7 @@ class Recovery:
             phase=None,
             delivered_at=None,
             observed_at=None,
-            record={},
+            record=dict,
         )
         if code == "ok":
             self._stats.orphans_resolved += 1

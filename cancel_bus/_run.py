@@ -62,6 +62,8 @@ class RunState:
     __slots__ = (
         "_callbacks",
         "_exiting",
+        "_fields",
+        "_info",
         "_task",
         "_task_cancel_sent",
         "chunks",
@@ -69,8 +71,8 @@ class RunState:
         "delivery_dirty",
         "epoch",
         "final_status",
+        "finishing",
         "handle",
-        "info",
         "local_stop",
         "max_output_chars",
         "observed_at",
@@ -85,9 +87,18 @@ class RunState:
         "stop_at_checkpoint",
     )
 
-    def __init__(self, info: RunInfo, *, epoch: str, relay: bool, max_output_chars: int) -> None:
-        self.info = info
-        self.run_id = info.run_id
+    def __init__(
+        self,
+        run_id: str,
+        fields: dict[str, str],
+        *,
+        epoch: str,
+        relay: bool,
+        max_output_chars: int,
+    ) -> None:
+        self.run_id = run_id
+        self._fields = fields  # the record as its start left it, parsed on first use
+        self._info: RunInfo | None = None
         self.epoch = epoch
         self.relay = relay
         self.max_output_chars = max_output_chars
@@ -104,11 +115,19 @@ class RunState:
         self.phase: str | None = None
         self.phase_dirty = False
         self.final_status: RunStatus | None = None
+        self.finishing = False  # its finish has been sent
         self.handle: RunHandle | None = None
         self._task: asyncio.Task[Any] | None = None
         self._task_cancel_sent = False
         self._exiting = False
         self._callbacks: list[Callable[[CancelRequest], None]] = []
+
+    @property
+    def info(self) -> RunInfo:
+        """The run as recorded when it started here."""
+        if self._info is None:
+            self._info = RunInfo.from_redis(self._fields)
+        return self._info
 
     @property
     def cancel_requested(self) -> CancelRequest | None:

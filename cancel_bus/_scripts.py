@@ -19,6 +19,9 @@ only while heartbeats reach Redis. Each heartbeat advances it by the time since 
 heartbeat of the namespace, but by at most one heartbeat interval, so a stall, a pause or a
 failover that no heartbeat got through counts for one interval at most (DESIGN.md §9).
 
+Each script below is written as one call (its KEYS/ARGV header) and runs in batches of calls
+(``BATCH_HEAD``/``BATCH_TAIL``): the calls of concurrent runs share one round trip.
+
 Scripts that notify other nodes take a ``pub`` argument: ``PUBLISH``/``SPUBLISH`` publishes the
 notices from the script; ``''`` (signed buses) returns them instead, for the caller to sign and
 publish: a signature must cover who a message is for, which only the script finds out. Such
@@ -215,8 +218,21 @@ PRELUDE = (
 )
 
 
+# Every script runs in batches: ARGV[1] is a JSON list of calls, each [keys, args]; the body
+# below each header is one call, a function of its own KEYS and ARGV (and it reads them only at
+# its top); the answer is the list of the calls' answers, in order. One batch is one atomic
+# script: its calls run one after another, nothing between them (see _batcher.py).
+BATCH_HEAD = "local function one(KEYS, ARGV)\nNOTICES = {}\n"
+BATCH_TAIL = """
+end
+local answers = {}
+for i, call in ipairs(cjson.decode(ARGV[1])) do answers[i] = one(call[1], call[2]) end
+return answers
+"""
+
+
 def _script(body: str) -> str:
-    return PRELUDE + body
+    return PRELUDE + BATCH_HEAD + body.strip("\n") + BATCH_TAIL
 
 
 # KEYS[1] nodes zset, KEYS[2] node hash
@@ -432,13 +448,14 @@ return reply({'stopping', redis.call('HGETALL', rk), receivers})
 # it without a request: node_shutdown | lease_lost | redis_unreachable), ARGV[6] output,
 # ARGV[7] output_truncated (0/1), ARGV[8] error, ARGV[9] phase, ARGV[10] delivered_at,
 # ARGV[11] observed_at (node estimates of the server clock, or ''), ARGV[12] retention_ms,
-# ARGV[13] pub command, ARGV[14] the run as the owner knows it (json), used only if Redis lost
-# the record
+# ARGV[13] pub command, ARGV[14] the run as the owner knows it (json) to re-create a record Redis
+# lost, or '' (the usual case: if the record is lost, the answer says so)
 # A run is recorded cancelled only if a cancel was requested: an accepted request makes any end
 # 'cancelled' (end_reason says how it ended); a node's drain records its own request; any other
 # stop without a request is 'failed' with the stop cause as end_reason.
 # -> {notices, {'ok', final status, end_reason} | {'done', status} (ended by someone else)
-#    | {'fenced', status} | {'missing', ''} (Redis forgot the node: retry after it re-registers)}
+#    | {'fenced', status} | {'missing', ''} (Redis forgot the node: retry after it re-registers)
+#    | {'record_lost', ''} (call again with the record)}
 FINISH_RUN = _script("""
 local rk = KEYS[1]
 local run_id, node_id, epoch, status, cause = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
@@ -449,6 +466,7 @@ local cur = redis.call('HMGET', rk, 'status', 'owner', 'epoch', 'cancel_requeste
 if not cur[1] then
   local ns = node_state(node_id, epoch)
   if ns ~= 'alive' then return reply({ns == 'missing' and 'missing' or 'fenced', ''}) end
+  if record == '' then return reply({'record_lost', ''}) end  -- call again with the record
   local r = cjson.decode(record)
   for k, v in pairs(r) do redis.call('HSET', rk, k, v) end
   redis.call('HSET', rk, 'run_id', run_id, 'status', 'running', 'owner', node_id, 'epoch', epoch)

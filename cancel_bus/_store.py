@@ -8,14 +8,14 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, cast
 
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
-from redis.commands.core import AsyncScript
 
+from ._batcher import ScriptBatcher
 from ._errors import CancelBusError
 from ._keys import KeySpace
 from ._messages import MessageSigner, decode
@@ -73,21 +73,21 @@ class RunStore:
         self.pub_command = pub_command
         self._signer = signer if signer is not None and signer.enabled else None
         self._script_pub = "" if self._signer is not None else pub_command
-        self._scripts: dict[str, AsyncScript] = {
-            name: redis.register_script(text) for name, text in ALL_SCRIPTS.items()
-        }
+        self._batcher = ScriptBatcher(redis, ALL_SCRIPTS)
 
-    async def _eval(self, name: str, keys: list[str], args: list[str]) -> Any:
+    async def _eval(
+        self, name: str, keys: list[str], args: list[str], timeout: float | None = None
+    ) -> Any:
         with translated(name):
-            return await self._scripts[name](keys=keys, args=args)
+            return await self._batcher.call(name, keys, args, timeout)
 
     async def _eval_notifying(
-        self, name: str, keys: list[str], args: list[str]
+        self, name: str, keys: list[str], args: list[str], timeout: float | None = None
     ) -> tuple[Any, dict[str, int]]:
         """A script that may notify nodes: -> its answer, and receivers by kind of the notices
         the store sent for it (none when the script published them itself)."""
         assert name in NOTIFYING
-        notices, answer = await self._eval(name, keys, args)
+        notices, answer = await self._eval(name, keys, args, timeout)
         return answer, (await self._publish(notices) if notices else {})
 
     async def _publish(self, notices: list[list[str]]) -> dict[str, int]:
@@ -168,9 +168,10 @@ class RunStore:
         session: tuple[str, str, str] | None,
         metadata: dict[str, Any] | None,
         relay: bool,
-    ) -> tuple[str, RunInfo | None, str]:
-        """-> (code, run, detail); code is ok | fenced | missing | exists (with the run: taken,
-        or queued for another session) | session_busy (detail: the active run's id)."""
+    ) -> tuple[str, dict[str, str] | None, str]:
+        """-> (code, the run's fields, detail); code is ok | fenced | missing | exists (with the
+        run: taken, or queued for another session) | session_busy (detail: the active run's
+        id). The fields are parsed by whoever needs them (most runs never do)."""
         app, user, sess = session or ("", "", "")
         reply = await self._eval(
             "start_run",
@@ -187,7 +188,7 @@ class RunStore:
             ],
         )
         if reply[0] in ("ok", "exists"):
-            return reply[0], RunInfo.from_redis(_fields(reply[1])), ""
+            return reply[0], _fields(reply[1]), ""
         return reply[0], None, reply[1] if len(reply) > 1 else ""
 
     async def enqueue_run(
@@ -255,10 +256,40 @@ class RunStore:
         phase: str | None,
         delivered_at: float | None,
         observed_at: float | None,
-        record: dict[str, str],
+        record: Callable[[], dict[str, str]],
+        timeout: float | None = None,
     ) -> tuple[str, str, str]:
         """-> (code, final status, end reason); code is ok | done | fenced | missing.
-        ``stop_cause``: why the node stopped the run without a request, if it did."""
+        ``stop_cause``: why the node stopped the run without a request, if it did. ``record``
+        (the run as the owner knows it) is read only if Redis lost the run's record.
+        ``timeout``: for Redis's answer, from when the call leaves (it is safe to repeat)."""
+        answer = await self._finish(
+            run_id, node_id, epoch, status, stop_cause, output, output_truncated, error, phase,
+            delivered_at, observed_at, "", timeout,
+        )  # fmt: skip
+        if answer[0] == "record_lost":
+            answer = await self._finish(
+                run_id, node_id, epoch, status, stop_cause, output, output_truncated, error,
+                phase, delivered_at, observed_at, json.dumps(record()), timeout,
+            )  # fmt: skip
+        return answer
+
+    async def _finish(
+        self,
+        run_id: str,
+        node_id: str,
+        epoch: str,
+        status: RunStatus,
+        stop_cause: StopCause | None,
+        output: str,
+        output_truncated: bool,
+        error: str | None,
+        phase: str | None,
+        delivered_at: float | None,
+        observed_at: float | None,
+        record: str,
+        timeout: float | None,
+    ) -> tuple[str, str, str]:
         reply, _ = await self._eval_notifying(
             "finish_run",
             [self.keys.run(run_id)],
@@ -276,8 +307,9 @@ class RunStore:
                 _time_or_empty(observed_at),
                 self.retention_ms,
                 self._script_pub,
-                json.dumps(record),
+                record,
             ],
+            timeout,
         )
         return reply[0], reply[1], reply[2] if len(reply) > 2 else ""
 

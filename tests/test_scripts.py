@@ -3,15 +3,18 @@ after a lost reply must change nothing)."""
 
 from __future__ import annotations
 
+import asyncio
 import re
 import time
 import uuid
+from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
 
+from cancel_bus._batcher import MAX_CALLS, MAX_IN_FLIGHT, ScriptBatcher
 from cancel_bus._keys import KEY_TEMPLATES, KeySpace
-from cancel_bus._scripts import ALL_SCRIPTS, EVENTS_MAX, PRELUDE
+from cancel_bus._scripts import ALL_SCRIPTS, BATCH_HEAD, BATCH_TAIL, EVENTS_MAX, PRELUDE
 from cancel_bus._store import RunStore
 from cancel_bus._types import CancelMode, RunStatus, StopCause
 
@@ -52,7 +55,7 @@ async def _finish(
         phase=None,
         delivered_at=None,
         observed_at=None,
-        record={},
+        record=dict,
     )
 
 
@@ -77,10 +80,15 @@ async def _cancel(
     return answer.code, answer.run, answer.receivers
 
 
+def _body(script: str) -> str:
+    """One call of a batched script (see ``_scripts.BATCH_HEAD``)."""
+    return script.removeprefix(PRELUDE + BATCH_HEAD).removesuffix(BATCH_TAIL)
+
+
 def test_every_script_names_its_keys_and_argv_as_locals_at_the_top() -> None:
     for name, text in ALL_SCRIPTS.items():
-        assert text.startswith(PRELUDE), name
-        lines = text.removeprefix(PRELUDE).strip().splitlines()
+        assert text.startswith(PRELUDE + BATCH_HEAD) and text.endswith(BATCH_TAIL), name
+        lines = _body(text).strip().splitlines()
         assert lines[0].startswith("local ") and "KEYS[" in lines[0], name
         assert all("KEYS[" not in line for line in lines[1:]), name
         argv_lines = [line for line in lines if "ARGV[" in line]
@@ -147,7 +155,7 @@ async def test_start_run_is_idempotent_and_guards_ids_and_sessions(store: RunSto
     assert (code, holder) == ("session_busy", "r1")
     epoch2 = await _node(store, "n2")
     code, run, _ = await store.start_run("r1", "n2", epoch2, None, None, False)
-    assert code == "exists" and run is not None and run.owner == "n1"
+    assert code == "exists" and run is not None and run["owner"] == "n1"
     code, _, _ = await store.start_run("r3", "n1", "999", None, None, False)
     assert code == "fenced"
 
@@ -248,7 +256,7 @@ async def test_finish_recreates_a_record_redis_lost(store: RunStore) -> None:
         phase=None,
         delivered_at=None,
         observed_at=None,
-        record=record,
+        record=lambda: record,
     )
     assert (code, status) == ("ok", "succeeded")
     run = await store.get_run("lost")
@@ -376,7 +384,7 @@ async def test_a_run_is_recorded_cancelled_only_if_someone_asked(store: RunStore
             phase=None,
             delivered_at=None,
             observed_at=None,
-            record={},
+            record=dict,
         )
 
     assert await finish("plain", None) == ("ok", "failed", "error")
@@ -400,9 +408,9 @@ async def test_a_queued_run_is_claimed_only_by_its_own_session(store: RunStore) 
     assert code == "ok"
     for stranger in (("app", "bob", "s"), ("app", "alice", "other"), ("other", "alice", "s")):
         code, run, _ = await store.start_run("q1", "n1", epoch, stranger, None, False)
-        assert code == "exists" and run is not None and run.status is RunStatus.QUEUED
+        assert code == "exists" and run is not None and run["status"] == "queued"
     code, run, _ = await store.start_run("q1", "n1", epoch, ("app", "alice", "s"), None, False)
-    assert code == "ok" and run is not None and run.status is RunStatus.RUNNING
+    assert code == "ok" and run is not None and run["status"] == "running"
     assert (await store.enqueue_run("q2", None, None))[0] == "ok"
     code, _, _ = await store.start_run("q2", "n1", epoch, ("app", "bob", "s"), None, False)
     assert code == "exists"  # a run queued without a session is not a user's to claim
@@ -430,7 +438,41 @@ async def test_the_scripts_name_every_key_as_keyspace_does(
         python = accessor(*args) if callable(accessor) else accessor
         assert lua == python == store.keys.name(kind, **{f: ids[f] for f in fields}), kind
     for name, text in ALL_SCRIPTS.items():  # no script builds a name of its own
-        assert "P .." not in text.removeprefix(PRELUDE), name
+        assert "P .." not in _body(text), name
     built = [line for line in PRELUDE.splitlines() if "P .." in line]
     assert all(line.startswith("local function key_") for line in built)
     assert len(built) == len(KEY_TEMPLATES)
+
+
+async def test_calls_made_together_leave_in_few_bounded_batches(
+    store: RunStore, raw_redis: aioredis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    epoch = await _node(store)
+    sending = most = 0
+    send = ScriptBatcher._send
+
+    async def counted(self: ScriptBatcher, script: Any, batch: list[Any]) -> None:
+        nonlocal sending, most
+        sending += 1
+        most = max(most, sending)
+        try:
+            await send(self, script, batch)
+        finally:
+            sending -= 1
+
+    monkeypatch.setattr(ScriptBatcher, "_send", counted)
+    before = await _evalsha_calls(raw_redis)
+    calls = 3000
+    answers = await asyncio.gather(
+        *(store.start_run(f"r{i}", "n1", epoch, None, None, False) for i in range(calls))
+    )
+    assert [code for code, _, _ in answers] == ["ok"] * calls
+    assert most <= MAX_IN_FLIGHT  # a burst is a queue, not a race for connections
+    sent = await _evalsha_calls(raw_redis) - before
+    assert sent <= calls // MAX_CALLS + MAX_IN_FLIGHT + 2  # one turn's calls share batches
+    assert await raw_redis.scard(store.keys.node_runs("n1")) == calls
+
+
+async def _evalsha_calls(redis: aioredis.Redis) -> int:
+    stats = await redis.info("commandstats")
+    return int(stats.get("cmdstat_evalsha", {}).get("calls", 0))

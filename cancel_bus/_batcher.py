@@ -1,0 +1,147 @@
+"""Batched script calls: the calls of one script made while Redis is busy leave as one call.
+
+A start, a finish, a cancel is one call of a script; concurrent runs make many at once. They are
+sent together, as one batch of that script (``_scripts.py``: the body runs once per call,
+inside one atomic script), so they share one round trip, one pass through the connection pool
+and one command to pack and parse, instead of one each. A call into a quiet batcher
+leaves at once; others leave as a batch as soon as the event-loop turn that made them ends,
+unless ``MAX_IN_FLIGHT`` batches are already on their way: then calls wait (and gather) until
+one comes back. So a burst of 100,000 ends is a queue, not
+100,000 requests racing for connections, and a batch holds at most ``MAX_CALLS`` calls and
+about ``MAX_BYTES`` of arguments: one node never holds a Redis shard for long.
+
+A call whose caller gave up before its batch left is not sent. A call may carry a timeout,
+counted from when its batch leaves (time spent queued behind a burst is not Redis's fault);
+past it the call fails with :class:`BusUnavailable` — its script may still run, so only calls
+that are safe to repeat use it. A batch that fails gives its error to each of its calls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from redis.asyncio import Redis
+from redis.asyncio.cluster import RedisCluster
+from redis.commands.core import AsyncScript
+
+from ._errors import BusUnavailable
+
+MAX_CALLS = 128
+MAX_BYTES = 256 * 1024
+MAX_IN_FLIGHT = 8
+
+
+def _future() -> asyncio.Future[Any]:
+    return asyncio.get_running_loop().create_future()
+
+
+@dataclass
+class _Call:
+    keys: list[str]
+    args: list[str]
+    timeout: float | None
+    answer: asyncio.Future[Any] = field(default_factory=_future)
+
+    @property
+    def size(self) -> int:
+        return sum(map(len, self.args))
+
+
+class ScriptBatcher:
+    def __init__(self, redis: Redis | RedisCluster, scripts: dict[str, str]) -> None:
+        self._scripts: dict[str, AsyncScript] = {
+            name: redis.register_script(text) for name, text in scripts.items()
+        }
+        self._pending: dict[str, deque[_Call]] = {}
+        self._sending: set[asyncio.Task[None]] = set()
+        self._in_flight = 0
+        self._flush_scheduled = False
+
+    async def call(
+        self, name: str, keys: list[str], args: list[str], timeout: float | None = None
+    ) -> Any:
+        """The answer of one call of script ``name``; raises what redis-py raises. A call into
+        a quiet batcher leaves at once, from the caller's own task: no wait for a batch."""
+        call = _Call(keys, args, timeout)
+        if not self._in_flight and not self._pending:
+            self._in_flight += 1
+            try:
+                await self._send(self._scripts[name], [call])
+            finally:
+                self._in_flight -= 1
+                self._schedule_flush()
+            return call.answer.result()
+        self._pending.setdefault(name, deque()).append(call)
+        self._schedule_flush()
+        return await call.answer
+
+    def _schedule_flush(self) -> None:
+        if self._pending and not self._flush_scheduled and self._in_flight < MAX_IN_FLIGHT:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        for name in list(self._pending):
+            calls = self._pending[name]
+            while calls and self._in_flight < MAX_IN_FLIGHT:
+                batch = _take_batch(calls)
+                if batch:
+                    self._send_soon(self._scripts[name], batch)
+            if not calls:
+                del self._pending[name]
+
+    def _send_soon(self, script: AsyncScript, batch: list[_Call]) -> None:
+        self._in_flight += 1
+        task = asyncio.create_task(self._send(script, batch))
+        self._sending.add(task)
+        task.add_done_callback(self._sent)
+
+    def _sent(self, task: asyncio.Task[None]) -> None:
+        self._sending.discard(task)
+        self._in_flight -= 1
+        self._schedule_flush()
+
+    async def _send(self, script: AsyncScript, batch: list[_Call]) -> None:
+        payload = json.dumps([[c.keys, c.args] for c in batch], separators=(",", ":"))
+        timeouts = [c.timeout for c in batch if c.timeout is not None]
+        try:  # redis-py loads the script and calls again if the server lacks it
+            async with asyncio.timeout(min(timeouts) if timeouts else None):
+                answers = await script(keys=batch[0].keys[:1], args=[payload])
+        except TimeoutError:
+            _fail(batch, BusUnavailable("no answer from Redis within the call's timeout"))
+            return
+        except BaseException as exc:  # the batch failed as a whole (connection, cancellation)
+            _fail(batch, exc)
+            if not isinstance(exc, Exception):
+                raise
+            return
+        for call, answer in zip(batch, answers, strict=True):
+            if not call.answer.done():
+                call.answer.set_result(answer)
+
+
+def _take_batch(calls: deque[_Call]) -> list[_Call]:
+    """Take the next batch off the front of ``calls`` (skipping those given up)."""
+    batch: list[_Call] = []
+    size = 0
+    while calls and len(batch) < MAX_CALLS:
+        call = calls[0]
+        if call.answer.done():  # its caller gave up (a timeout, a cancellation)
+            calls.popleft()
+            continue
+        if batch and size + call.size > MAX_BYTES:
+            break
+        batch.append(calls.popleft())
+        size += call.size
+    return batch
+
+
+def _fail(batch: list[_Call], exc: BaseException) -> None:
+    for call in batch:
+        if not call.answer.done():
+            call.answer.set_exception(exc)
