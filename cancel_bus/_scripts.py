@@ -322,7 +322,7 @@ return reply({'ok', resolved, 1})
 # ARGV[1] run_id, ARGV[2] node_id, ARGV[3] epoch, ARGV[4] app_name, ARGV[5] user_id,
 # ARGV[6] session_id ('' x3: no session key), ARGV[7] metadata json or '', ARGV[8] relay (0/1)
 # A queued run of that id is claimed — with a session key, only if it is the run's own; otherwise
-# the id must be new (ids are never reused).
+# the id must be new (ids are never reused), or this very start retried (same owner, session).
 # -> {'ok', run fields} | {'fenced'} | {'missing'} (Redis forgot the node: retry after it
 #    re-registers) | {'exists', run fields} | {'session_busy', run_id}
 START_RUN = _script("""
@@ -341,8 +341,8 @@ if cur[1] == 'queued' and own_session then
   redis.call('SADD', key_node_runs(node_id), run_id)
   return {'ok', redis.call('HGETALL', rk)}
 end
-if cur[1] == 'running' and cur[2] == node_id and cur[3] == epoch then
-  return {'ok', redis.call('HGETALL', rk)}
+if cur[1] == 'running' and cur[2] == node_id and cur[3] == epoch and own_session then
+  return {'ok', redis.call('HGETALL', rk)}  -- a retried call
 end
 if cur[1] then return {'exists', redis.call('HGETALL', rk)} end
 if app ~= '' then

@@ -5,13 +5,22 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Depends, HTTPException, Path, Query, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse
 
 from cancel_bus import ID_PATTERN, CancelBus, CancelResult, Outcome, RunInfo
 
 from . import sse
 from .auth import CurrentPrincipal, OpsPrincipal, Principal
-from .schemas import CancelAnswer, CancelBody, EventList, NodeList, Problem, RunList, StartRun
+from .schemas import (
+    CancelAnswer,
+    CancelBody,
+    EventList,
+    NodeList,
+    Problem,
+    RunList,
+    StartRun,
+    ValidationProblem,
+)
 from .service import NodeService
 
 router = APIRouter(prefix="/v1", tags=["runs"])
@@ -25,8 +34,27 @@ OUTCOME_STATUS = {
     Outcome.NOT_FOUND: 404,
     Outcome.ALREADY_FINISHED: 409,
 }
-ERRORS: dict[int | str, dict[str, Any]] = {
-    code: {"model": Problem} for code in (401, 403, 404, 409, 413, 422, 503)
+NOT_FOUND = CancelResult(outcome=Outcome.NOT_FOUND, run=None)
+Responses = dict[int | str, dict[str, Any]]
+
+
+def errors(*codes: int) -> Responses:
+    """The error answers of a route that needs a token: 401, and ``codes``. 422 is a
+    :class:`ValidationProblem`, every other one a :class:`Problem`."""
+    return {
+        code: {"model": ValidationProblem if code == 422 else Problem} for code in (401, *codes)
+    }
+
+
+# 400: a body JSON cannot parse (not UTF-8, nested too deep, an integer of 4,300+ digits);
+# 413: a body larger than CANCEL_BUS_MAX_BODY_BYTES; 422: bad input; 503: Redis unreachable
+# (or, to start a run, the node draining)
+BODY_ERRORS = (400, 413, 422, 503)
+CANCEL_ANSWERS: Responses = {
+    202: {"model": CancelAnswer, "description": "stopping: recorded, not yet confirmed"},
+    404: {"model": CancelAnswer, "description": "not_found"},
+    409: {"model": CancelAnswer, "description": "already_finished"},
+    **errors(*BODY_ERRORS),
 }
 StatusFilter = Annotated[
     str, Query(pattern="^(active|all|queued|running|waiting|succeeded|failed|cancelled)$")
@@ -42,47 +70,59 @@ Node = Annotated[NodeService, Depends(node_of)]
 CancelBodyIn = Annotated[CancelBody | None, Body()]
 
 
-@router.post("/runs", status_code=201, response_model=RunInfo, responses=ERRORS)
+START_ERRORS = errors(
+    403,  # a user token starting a run as someone else
+    409,  # the session has an active run, or the run id given cannot be used
+    *BODY_ERRORS,
+)
+
+
+@router.post("/runs", status_code=201, response_model=RunInfo, responses=START_ERRORS)
 async def start_run(body: StartRun, node: Node, principal: CurrentPrincipal) -> RunInfo:
-    """Start a run of the simulated agent on this node."""
+    """Start a run of the simulated agent on this node. A ``run_id`` given must be new, or name
+    a queued run of the same app, user and session (it is claimed); any other is a 409 that
+    says nothing of the run."""
     _may_start(principal, body, node)
     return await node.start_run(body)
 
 
-@router.post("/runs/stream", response_class=StreamingResponse, responses={**ERRORS, **sse.SSE_OK})
+@router.post(
+    "/runs/stream",
+    response_class=sse.EventStream,
+    status_code=200,
+    responses={**START_ERRORS, **sse.SSE_OK},
+)
 async def start_run_streaming(
     body: StartRun, node: Node, principal: CurrentPrincipal
-) -> StreamingResponse:
+) -> sse.EventStream:
     """Start a run and stream it; closing the stream before the run ends cancels the run."""
     _may_start(principal, body, node)
     info = await node.start_run(body)
     bus = node.bus_for_app(body.app_name)
-    stream = sse.run_stream(
+    return sse.run_stream(
         bus,
         info,
+        node.metrics.open_streams,
         from_start=True,
         on_disconnect=lambda: node.cancel_soon(bus, info.run_id, "client_disconnected"),
     )
-    return StreamingResponse(stream, media_type="text/event-stream", headers=sse.HEADERS)
 
 
 @router.get(
     "/runs/{run_id}/stream",
-    response_class=StreamingResponse,
-    responses={**ERRORS, **sse.SSE_OK},
+    response_class=sse.EventStream,
+    status_code=200,
+    responses={**errors(404, 422, 503), **sse.SSE_OK},
 )
-async def follow_run(run_id: IdPath, node: Node, principal: CurrentPrincipal) -> StreamingResponse:
+async def follow_run(run_id: IdPath, node: Node, principal: CurrentPrincipal) -> sse.EventStream:
     """Follow a run's events from now on, whichever node runs it."""
     bus, run = await _visible_run(node, principal, run_id)
-    stream = sse.run_stream(bus, run, from_start=False, closing=node.drain_started)
-    return StreamingResponse(stream, media_type="text/event-stream", headers=sse.HEADERS)
+    return sse.run_stream(
+        bus, run, node.metrics.open_streams, from_start=False, closing=node.drain_started
+    )
 
 
-@router.post(
-    "/runs/{run_id}/cancel",
-    response_model=CancelAnswer,
-    responses={202: {"model": CancelAnswer}, **ERRORS},
-)
+@router.post("/runs/{run_id}/cancel", response_model=CancelAnswer, responses=CANCEL_ANSWERS)
 async def cancel_run(
     run_id: IdPath, node: Node, principal: CurrentPrincipal, body: CancelBodyIn = None
 ) -> JSONResponse:
@@ -90,7 +130,10 @@ async def cancel_run(
     if principal.is_ops and len(node.buses) == 1:
         bus = node.bus  # no lookup needed: the cancel itself says not_found
     else:
-        bus, _ = await _visible_run(node, principal, run_id)
+        found = await node.find_run(run_id)
+        if found is None or not principal.may_see(found[1]):
+            return _cancel_response(NOT_FOUND)
+        bus = found[0]
     result = await node.cancel(bus, run_id, body or CancelBody(), principal.name)
     return _cancel_response(result)
 
@@ -98,7 +141,7 @@ async def cancel_run(
 @router.post(
     "/sessions/{app_name}/{user_id}/{session_id}/cancel",
     response_model=CancelAnswer,
-    responses={202: {"model": CancelAnswer}, **ERRORS},
+    responses=CANCEL_ANSWERS,
 )
 async def cancel_session(
     app_name: IdPath,
@@ -110,13 +153,13 @@ async def cancel_session(
 ) -> JSONResponse:
     """Cancel the active run of a session key, wherever it runs."""
     if not principal.may_act_for(user_id):
-        return _cancel_response(CancelResult(outcome=Outcome.NOT_FOUND, run=None))
+        return _cancel_response(NOT_FOUND)
     session = (app_name, user_id, session_id)
     result = await node.cancel_session(session, body or CancelBody(), principal.name)
     return _cancel_response(result)
 
 
-@router.get("/runs", response_model=RunList, responses=ERRORS)
+@router.get("/runs", response_model=RunList, responses=errors(422, 503))
 async def list_runs(
     node: Node,
     principal: CurrentPrincipal,
@@ -135,20 +178,20 @@ async def list_runs(
     return RunList(runs=runs)
 
 
-@router.get("/runs/{run_id}", response_model=RunInfo, responses=ERRORS)
+@router.get("/runs/{run_id}", response_model=RunInfo, responses=errors(404, 422, 503))
 async def get_run(run_id: IdPath, node: Node, principal: CurrentPrincipal) -> RunInfo:
     _, run = await _visible_run(node, principal, run_id)
     return run
 
 
-@router.get("/runs/{run_id}/events", response_model=EventList, responses=ERRORS)
+@router.get("/runs/{run_id}/events", response_model=EventList, responses=errors(404, 422, 503))
 async def run_events(run_id: IdPath, node: Node, principal: CurrentPrincipal) -> EventList:
     """The run's lifecycle: started, cancel requested/delivered, finished..."""
     bus, _ = await _visible_run(node, principal, run_id)
     return EventList(events=await bus.events(run_id))
 
 
-@router.get("/nodes", response_model=NodeList, responses=ERRORS, tags=["ops"])
+@router.get("/nodes", response_model=NodeList, responses=errors(403, 503), tags=["ops"])
 async def list_nodes(node: Node, principal: OpsPrincipal) -> NodeList:
     return NodeList(nodes=await node.bus.list_nodes())
 

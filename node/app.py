@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 from cancel_bus import (
@@ -24,8 +25,10 @@ from cancel_bus import __version__ as VERSION
 
 from . import api, dashboard, health
 from .auth import TokenTable
+from .body_limit import BodyLimit
+from .schemas import FieldError, ValidationProblem
 from .service import NodeService
-from .settings import Settings
+from .settings import ENV_PREFIX, Settings, is_loopback
 
 log = logging.getLogger("cancel_bus.node")
 
@@ -39,19 +42,29 @@ _STATUS: list[tuple[type[CancelBusError], int]] = [
     (BusClosed, 503),
     (Fenced, 503),
 ]
+# The one answer for a run id a caller cannot use, whoever's run it is and whatever its state:
+# its status, record or cancel reason may be another user's.
+RUN_ID_UNAVAILABLE = "this run id cannot be used; give a new one, or none"
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
+    """Raises ValueError for a configuration that must not run (auth off on an exposed host)."""
     settings = settings or Settings()
+    settings.check_exposure()
     tokens = TokenTable(settings.tokens())
     node = NodeService(settings)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if not tokens.enabled:
+            where = f"{settings.host}:{settings.port}"
+            exposed = "" if is_loopback(settings.host) else f" ({ENV_PREFIX}INSECURE_NO_AUTH)"
             log.warning(
-                "AUTH IS OFF: no CANCEL_BUS_API_TOKENS; anyone who reaches this node may see "
-                "and cancel every run. It listens on 127.0.0.1 only."
+                "AUTH IS OFF: no %sAPI_TOKENS; anyone who reaches %s%s may see and cancel "
+                "every run.",
+                ENV_PREFIX,
+                where,
+                exposed,
             )
         await node.start()
         log.info("node %s ready; dashboard at /", node.bus.node_id)
@@ -65,11 +78,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         version=VERSION,
         description="Start, stream, cancel and inspect runs from any replica.",
         lifespan=lifespan,
-        max_body_size=settings.max_body_bytes,
     )
+    app.add_middleware(BodyLimit, max_body_size=settings.max_body_bytes)
     app.state.node = node
     app.state.tokens = tokens
     app.state.settings = settings
+    app.state.metrics_need_token = tokens.enabled and settings.metrics_require_token is not False
     app.include_router(api.router)
     app.include_router(health.router)
     app.include_router(dashboard.router)
@@ -80,6 +94,19 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         if status == 500:
             log.error("unexpected bus error on %s: %s", request.url.path, exc)
             return JSONResponse(status_code=500, content={"detail": "internal error"})
+        if isinstance(exc, RunExists | RunCancelled):
+            return JSONResponse(status_code=409, content={"detail": RUN_ID_UNAVAILABLE})
         return JSONResponse(status_code=status, content={"detail": str(exc)})
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
+        """Where and what, never the input: it may not even be JSON-serialisable (NaN)."""
+        errors = [
+            FieldError(loc=list(error["loc"]), msg=error["msg"], type=error["type"])
+            for error in exc.errors()
+        ]
+        detail = "; ".join(f"{'.'.join(map(str, e.loc))}: {e.msg}" for e in errors)
+        problem = ValidationProblem(detail=detail or "invalid request", errors=errors)
+        return JSONResponse(status_code=422, content=problem.model_dump(mode="json"))
 
     return app

@@ -21,6 +21,7 @@ from typing import Any
 
 import httpx
 import uvicorn
+from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 
@@ -88,29 +89,32 @@ def serve(args: argparse.Namespace) -> int:
         value = getattr(args, flag)
         if value is not None:
             os.environ[f"CANCEL_BUS_{key}"] = str(value)
+    if args.insecure_no_auth:
+        os.environ["CANCEL_BUS_INSECURE_NO_AUTH"] = "true"
     from .app import create_app  # noqa: PLC0415 (settings read the environment set above)
-    from .settings import Settings  # noqa: PLC0415
+    from .settings import ENV_PREFIX, Settings  # noqa: PLC0415
 
     try:
         settings = Settings()
         app = create_app(settings)
-    except ValueError as exc:
+    except ValidationError as exc:
+        problems = (f"{ENV_PREFIX}{str(e['loc'][0]).upper()}: {e['msg']}" for e in exc.errors())
+        raise CliError(f"bad configuration: {'; '.join(problems)}") from None
+    except (ValueError, OSError) as exc:
         raise CliError(f"bad configuration: {exc}") from None
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(levelname)s:     %(name)s: %(message)s"
     )
-    host = settings.bind_host()
-    if host != settings.host:
-        err.print(f"[yellow]auth is off: listening on {host} only (not {settings.host})")
     config = uvicorn.Config(
         app,
-        host=host,
+        host=settings.host,
         port=settings.port,
         log_level=settings.log_level,
         timeout_graceful_shutdown=5,  # after the drain: streams have ended, runs are recorded
         access_log=False,
     )
     server = DrainingServer(config)
+    host = f"[{settings.host}]" if ":" in settings.host else settings.host
     out.print(f"cancel-bus node: dashboard at http://{host}:{settings.port}/  (API docs: /docs)")
     server.run()
     return 0
@@ -374,6 +378,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--redis-url")
     p.add_argument("--node-id")
     p.add_argument("--namespace")
+    p.add_argument(
+        "--insecure-no-auth",
+        action="store_true",
+        help="without API tokens, listen beyond loopback all the same (anyone may cancel)",
+    )
     p.set_defaults(func=serve)
 
     p = commands.add_parser("demo", help="a local cluster: cancel a run on node 1 via node 2")
@@ -426,7 +435,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         code: int = args.func(args)
     except CliError as exc:
-        err.print(f"cancel-bus: {exc}", highlight=False)
+        err.print(f"cancel-bus: {exc}", highlight=False, markup=False, soft_wrap=True)
         return EXIT_ERROR
     return code
 

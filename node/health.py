@@ -7,10 +7,13 @@ import asyncio
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 
-from .api import Node
+from .api import Node, errors
 from .auth import authenticate
+from .schemas import Readiness
 
 router = APIRouter(tags=["ops"])
+
+PROMETHEUS_TEXT = "text/plain; version=0.0.4"
 
 
 @router.get("/healthz")
@@ -19,7 +22,11 @@ async def healthz() -> dict[str, str]:
     return {"status": "ok"}
 
 
-@router.get("/readyz")
+@router.get(
+    "/readyz",
+    response_model=Readiness,
+    responses={503: {"model": Readiness, "description": "not ready"}},
+)
 async def readyz(node: Node) -> JSONResponse:
     """Ready to take traffic: not draining, lease held, subscriber connected, Redis answers."""
     problems = []
@@ -33,15 +40,23 @@ async def readyz(node: Node) -> JSONResponse:
             await node.bus.redis.ping()
     except Exception:
         problems.append("redis unreachable")
-    body = {"ready": not problems, "node_id": node.bus.node_id, "problems": problems}
-    return JSONResponse(status_code=503 if problems else 200, content=body)
+    body = Readiness(ready=not problems, node_id=node.bus.node_id, problems=problems)
+    return JSONResponse(status_code=503 if problems else 200, content=body.model_dump())
 
 
-@router.get("/metrics", response_class=Response)
+@router.get(
+    "/metrics",
+    response_class=Response,
+    responses={
+        200: {"content": {"text/plain": {"schema": {"type": "string"}}}},
+        **errors(403),
+    },
+)
 async def metrics(request: Request, node: Node) -> Response:
-    """Prometheus text format."""
-    if request.app.state.settings.metrics_require_token:
+    """Prometheus text format. Needs an ops token when tokens are configured, unless
+    ``CANCEL_BUS_METRICS_REQUIRE_TOKEN=false``."""
+    if request.app.state.metrics_need_token:
         principal = await authenticate(request)
         if not principal.is_ops:
             return JSONResponse(status_code=403, content={"detail": "this needs an ops token"})
-    return Response(node.metrics.render(), media_type="text/plain; version=0.0.4")
+    return Response(node.metrics.render(), media_type=PROMETHEUS_TEXT)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator, Mapping
+from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -41,6 +43,18 @@ _BUS_COUNTERS = {
 }
 
 
+# the attribute redis-py's get_connection_count() tells a pool's connections apart by
+_CONNECTION_STATE = "db.client.connection.state"
+
+
+def _pool_counts(bus: CancelBus) -> list[tuple[int, dict[str, Any]]]:
+    """redis-py's count of the bus's command pool, idle and used (none on a cluster, whose
+    client has a pool per shard, nor with a redis-py that does not count)."""
+    pool = getattr(bus.redis, "connection_pool", None)
+    counts = getattr(pool, "get_connection_count", None)
+    return list(counts()) if counts is not None else []
+
+
 class _BusCollector(Collector):
     """Reads the buses' counters at scrape time, one series per namespace (label
     ``bus_namespace``: Prometheus keeps ``namespace`` for the Kubernetes one)."""
@@ -64,11 +78,18 @@ class _BusCollector(Collector):
                 labels=["bus_namespace"],
             ),
         ]
+        connections = GaugeMetricFamily(
+            "cancel_bus_redis_connections",
+            "Connections of the bus's command pool: idle, or used (checked out)",
+            labels=["bus_namespace", "state"],
+        )
         counters = {
             name: CounterMetricFamily(f"cancel_bus_{name}", help_text, labels=["bus_namespace"])
             for name, help_text in _BUS_COUNTERS.items()
         }
         for namespace, bus in self._buses.items():
+            for count, attributes in _pool_counts(bus):
+                connections.add_metric([namespace, str(attributes[_CONNECTION_STATE])], count)
             for family, value in zip(
                 families,
                 (len(bus.local_runs()), int(bus.ready), bus.pubsub_reconnects),
@@ -78,6 +99,7 @@ class _BusCollector(Collector):
             for name, family in counters.items():
                 family.add_metric([namespace], getattr(bus.stats, name))
         yield from families
+        yield connections
         yield from counters.values()
 
 
@@ -100,9 +122,22 @@ class Metrics:
         self.runs_started = Counter(
             "cancel_bus_runs_started", "Runs started on this node", registry=self.registry
         )
+        self.open_streams = Gauge(
+            "cancel_bus_open_streams",
+            "Server-sent event streams this node serves now",
+            registry=self.registry,
+        )
+        self.tasks = Gauge(
+            "cancel_bus_node_tasks",
+            "asyncio tasks alive in the node's event loop (a leak shows as growth)",
+            registry=self.registry,
+        )
 
     def watch(self, buses: Mapping[str, CancelBus]) -> None:
+        """Read the buses' counters and the event loop's task count at scrape time."""
         self.registry.register(_BusCollector(buses))
+        loop = asyncio.get_running_loop()
+        self.tasks.set_function(lambda: len(asyncio.all_tasks(loop)))
 
     def observe_cancel(self, result: CancelResult) -> None:
         self.cancels.labels(result.outcome.value).inc()

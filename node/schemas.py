@@ -1,4 +1,5 @@
-"""Request and response bodies of the HTTP API."""
+"""Request and response bodies of the HTTP API. Request bodies refuse unknown fields and
+non-finite numbers (JSON's NaN/Infinity literals, or 1e400 which parses as infinity)."""
 
 from __future__ import annotations
 
@@ -7,10 +8,11 @@ from pydantic import BaseModel, ConfigDict, Field
 from cancel_bus import ID_PATTERN, CancelMode, NodeInfo, Outcome, RunEvent, RunInfo
 
 Id = Field(pattern=ID_PATTERN, max_length=200)
+STRICT = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class ToolSpec(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT
 
     name: str = Field(pattern=ID_PATTERN, max_length=64)
     duration_ms: int = Field(default=500, ge=0, le=600_000)
@@ -19,7 +21,7 @@ class ToolSpec(BaseModel):
 class AgentSpec(BaseModel):
     """The simulated agent: per turn, ``tokens`` chunks then each tool in turn."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT
 
     tokens: int = Field(default=50, ge=0, le=100_000)
     token_interval_ms: int = Field(default=20, ge=0, le=60_000)
@@ -28,7 +30,7 @@ class AgentSpec(BaseModel):
 
 
 class StartRun(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT
 
     app_name: str = Id
     user_id: str = Id
@@ -38,12 +40,14 @@ class StartRun(BaseModel):
 
 
 class CancelBody(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT
 
     mode: CancelMode = CancelMode.CHECKPOINT
     reason: str | None = Field(default=None, max_length=1000)
     wait: bool = True
-    timeout: float = Field(default=5.0, gt=0, le=60)
+    # seconds to wait for the owner's confirmation; it also bounds the Redis round trips, so a
+    # shorter one could only end in a 503
+    timeout: float = Field(default=5.0, ge=0.1, le=60)
 
 
 class CancelAnswer(BaseModel):
@@ -67,3 +71,21 @@ class Problem(BaseModel):
     """Every error body."""
 
     detail: str
+
+
+class FieldError(BaseModel):
+    loc: list[str | int] = Field(description="where: body, query or path, then the field")
+    msg: str
+    type: str
+
+
+class ValidationProblem(Problem):
+    """A 422: ``detail`` in one line, ``errors`` field by field; the input is not echoed."""
+
+    errors: list[FieldError]
+
+
+class Readiness(BaseModel):
+    ready: bool
+    node_id: str
+    problems: list[str]

@@ -10,7 +10,16 @@ import itertools
 import logging
 from typing import IO
 
-from cancel_bus import CancelBus, CancelResult, RunCancelled, RunHandle, RunInfo, RunNotFound
+from cancel_bus import (
+    CancelBus,
+    CancelResult,
+    RunCancelled,
+    RunExists,
+    RunHandle,
+    RunInfo,
+    RunNotFound,
+    RunStatus,
+)
 
 from .agent import record_cancellation, run_agent
 from .embedded import EmbeddedServer, valkey_binary
@@ -115,7 +124,10 @@ class NodeService:
         return list(itertools.islice(runs, limit))
 
     async def start_run(self, body: StartRun) -> RunInfo:
-        """Register the run here and start the agent; returns once it is recorded running."""
+        """Register the run here and start the agent; returns once it is recorded running.
+        Raises :class:`RunExists` or :class:`RunCancelled` for a given id that is taken."""
+        if body.run_id is not None:
+            await self._check_claimable(body.run_id, (body.app_name, body.user_id, body.session_id))
         registered: asyncio.Future[RunHandle] = asyncio.get_running_loop().create_future()
         task = asyncio.create_task(self._execute(body, registered))
         self._tasks.add(task)
@@ -126,6 +138,22 @@ class NodeService:
         if info is None:
             raise RunNotFound(handle.run_id)
         return info
+
+    async def _check_claimable(self, run_id: str, session: tuple[str, str, str]) -> None:
+        """A given run id must be new in every namespace, or name a queued run of this very
+        session in its app's namespace. The start script checks its own namespace atomically;
+        this also covers the others (an id is unique across the node's namespaces)."""
+        found = await self.find_run(run_id)
+        if found is None:
+            return
+        bus, run = found
+        claimable = (
+            bus is self.bus_for_app(session[0])
+            and run.status is RunStatus.QUEUED
+            and (run.app_name, run.user_id, run.session_id) == session
+        )
+        if not claimable:
+            raise RunExists(run_id, run.status.value)
 
     async def cancel(
         self, bus: CancelBus, run_id: str, body: CancelBody, requested_by: str

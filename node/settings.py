@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 from pathlib import Path
@@ -13,6 +14,7 @@ from pydantic import (
     Field,
     SecretStr,
     StringConstraints,
+    ValidationError,
     field_validator,
     model_validator,
 )
@@ -22,7 +24,6 @@ from cancel_bus import ID_PATTERN
 
 ENV_PREFIX = "CANCEL_BUS_"
 Id = Annotated[str, StringConstraints(pattern=ID_PATTERN, max_length=200)]
-LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
 
 
 class TokenGrant(BaseModel):
@@ -64,7 +65,12 @@ class Settings(BaseSettings):
         default=None, description='JSON: {"<token>": {"role": "ops"|"user", "user_id": ...}}'
     )
     api_tokens_file: Path | None = None
-    metrics_require_token: bool = False
+    metrics_require_token: bool | None = Field(
+        default=None, description="/metrics needs an ops token; default: when tokens are set"
+    )
+    insecure_no_auth: bool = Field(
+        default=False, description="allow auth off (no tokens) on a non-loopback address"
+    )
     signing_key: SecretStr | None = None
     data_dir: Path | None = None
     max_body_bytes: int = Field(default=64 * 1024, ge=1024, le=16 * 1024 * 1024)
@@ -94,7 +100,11 @@ class Settings(BaseSettings):
         for token, grant in raw.items():
             if len(token) < 16:
                 raise ValueError(f"{ENV_PREFIX}API_TOKENS: every token needs 16+ characters")
-            tokens[token] = TokenGrant.model_validate(grant)
+            try:
+                tokens[token] = TokenGrant.model_validate(grant)
+            except ValidationError as exc:  # one line, and not the token
+                problems = "; ".join(e["msg"] for e in exc.errors())
+                raise ValueError(f"{ENV_PREFIX}API_TOKENS: a bad grant: {problems}") from None
         return tokens
 
     def redis_connection_url(self) -> str | None:
@@ -127,17 +137,36 @@ class Settings(BaseSettings):
 
     @property
     def auth_enabled(self) -> bool:
-        return self.api_tokens is not None or self.api_tokens_file is not None
+        """Tokens are configured (an empty table is auth off)."""
+        return bool(self.tokens())
 
-    def bind_host(self) -> str:
-        """Without tokens the node only listens on loopback."""
-        return self.host if self.auth_enabled else "127.0.0.1"
+    def check_exposure(self) -> None:
+        """Auth off is for loopback only, unless ``insecure_no_auth`` says otherwise."""
+        if self.auth_enabled or self.insecure_no_auth or is_loopback(self.host):
+            return
+        raise ValueError(
+            f"auth is off (no {ENV_PREFIX}API_TOKENS) and {ENV_PREFIX}HOST={self.host} is not "
+            "a loopback address: give API tokens, listen on 127.0.0.1, or set "
+            f"{ENV_PREFIX}INSECURE_NO_AUTH=true (serve --insecure-no-auth) to let anyone who "
+            "reaches it see and cancel every run"
+        )
 
     def state_dir(self) -> Path:
         if self.data_dir is not None:
             return self.data_dir
         base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
         return Path(base) / "cancel-bus"
+
+
+def is_loopback(host: str) -> bool:
+    """``localhost`` or a loopback IP address (127.0.0.0/8, ::1); any other name may resolve
+    elsewhere."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 def _secret(value: SecretStr | None) -> str:

@@ -1,94 +1,150 @@
-"""Server-sent events: the wire format, keep-alives, and streaming a run's relay."""
+"""Server-sent events through sse-starlette: our wire format, keep-alives, and a run's relay.
+
+A stream ends in one of three ways: the run ends, the node drains, or the client goes away; in
+each, sse-starlette cancels what serves it, and everything a stream starts runs in a task group
+that is awaited, so a dropped stream leaves no task, connection or subscription behind.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Callable
+import logging
+from collections.abc import AsyncIterable, Callable, Coroutine
 from typing import Any
 
-from cancel_bus import CancelBus, RunEvent, RunInfo
+import anyio
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+from prometheus_client import Gauge
+from sse_starlette import EventSourceResponse, ServerSentEvent
+from starlette.types import Receive, Scope, Send
+
+from cancel_bus import CancelBus, CancelBusError, RunInfo
+
+log = logging.getLogger("cancel_bus.node")
 
 KEEPALIVE_SECONDS = 15.0
-KEEPALIVE = b": keepalive\n\n"
-HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 SSE_OK: dict[int | str, dict[str, Any]] = {
     200: {"content": {"text/event-stream": {}}, "description": "server-sent events"}
 }
 
 
-def encode(event: str, data: Any, event_id: str | None = None) -> bytes:
-    lines = [f"event: {event}"]
-    if event_id is not None:
-        lines.append(f"id: {event_id}")
-    lines.append("data: " + json.dumps(data, separators=(",", ":"), default=str))
-    return ("\n".join(lines) + "\n\n").encode()
+def event(name: str, data: Any, event_id: str | None = None) -> ServerSentEvent:
+    """``event: <name>``, ``id: <id>`` (a relay entry's), ``data: <json>``."""
+    text = json.dumps(data, separators=(",", ":"), default=str)
+    return ServerSentEvent(text, event=name, id=event_id, sep="\n")
 
 
-async def run_stream(
+def _keepalive() -> ServerSentEvent:
+    return ServerSentEvent(comment="keepalive", sep="\n")
+
+
+class EventStream(EventSourceResponse):
+    """sse-starlette's response with our separator and keep-alive comment, counted in the
+    ``open_streams`` gauge for as long as it is served. ``producer`` (optional) runs beside
+    the stream and is cancelled with it."""
+
+    def __init__(
+        self,
+        content: AsyncIterable[ServerSentEvent],
+        open_streams: Gauge,
+        producer: Callable[[], Coroutine[None, None, None]] | None = None,
+    ) -> None:
+        super().__init__(
+            content,
+            ping=KEEPALIVE_SECONDS,
+            sep="\n",
+            ping_message_factory=_keepalive,
+            data_sender_callable=producer,
+        )
+        self._open_streams = open_streams
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        with self._open_streams.track_inprogress():
+            await super().__call__(scope, receive, send)
+
+
+def run_stream(
     bus: CancelBus,
     run: RunInfo,
+    open_streams: Gauge,
     *,
     from_start: bool,
     closing: asyncio.Event | None = None,
     on_disconnect: Callable[[], None] | None = None,
-) -> AsyncIterator[bytes]:
+) -> EventStream:
     """``run`` (the record as the stream starts), the run's events, then its final record. If
-    the client goes away before the run ends, ``on_disconnect`` is called (AG-UI style: a closed
-    stream cancels its run). When ``closing`` is set (the node drains) the stream ends with a
-    ``node.draining`` event: the client follows the run from another node."""
-    closing = closing or asyncio.Event()
-    run_id = run.run_id
-    queue: asyncio.Queue[RunEvent | None] = asyncio.Queue(maxsize=1000)
+    the stream ends before the run does (the client went away), ``on_disconnect`` is called
+    (AG-UI style: a closed stream cancels its run). When ``closing`` is set (the node drains)
+    the stream ends with a ``node.draining`` event: the client follows the run elsewhere."""
+    send, receive = anyio.create_memory_object_stream[ServerSentEvent](max_buffer_size=100)
+    relay = _RunRelay(bus, run, from_start, send)
 
-    async def pump() -> None:
-        async for event in bus.follow(run_id, from_start=from_start):
-            await queue.put(event)
-        await queue.put(None)
+    async def produce() -> None:
+        try:
+            await relay.feed(closing)
+        finally:
+            if not relay.ended and on_disconnect is not None:
+                on_disconnect()
 
-    pumping = asyncio.create_task(pump())
-    finished = False
-    try:
-        yield encode("run", run.model_dump(mode="json"))
-        async for event in _until_closing(queue, closing):
-            if event is None:
-                break
-            if isinstance(event, bytes):
-                yield event
-                continue
-            yield encode(event.type, event.data, event.id)
-            finished = finished or event.type == "run.finished"
-        else:
-            yield encode("node.draining", {"run_id": run_id})
-            finished = True  # the run goes on; this node only stops streaming it
+    return EventStream(_received(receive), open_streams, produce)
+
+
+async def _received(
+    receive: MemoryObjectReceiveStream[ServerSentEvent],
+) -> AsyncIterable[ServerSentEvent]:
+    """What the producer sent; the receiving end is closed when the response is done with it."""
+    with receive:
+        async for item in receive:
+            yield item
+
+
+class _RunRelay:
+    """Feeds one client's stream with a run's record, events and final record."""
+
+    def __init__(
+        self,
+        bus: CancelBus,
+        run: RunInfo,
+        from_start: bool,
+        send: MemoryObjectSendStream[ServerSentEvent],
+    ) -> None:
+        self.bus = bus
+        self.run = run
+        self.from_start = from_start
+        self.send = send
+        self.ended = False  # the client was told the run ended, or where to follow it
+
+    async def feed(self, closing: asyncio.Event | None) -> None:
+        async with self.send:
+            await self.send.send(event("run", self.run.model_dump(mode="json")))
+            relayed = False
+            async with anyio.create_task_group() as group:
+                if closing is not None:
+                    group.start_soon(_cancel_when_set, closing, group.cancel_scope)
+                await self._relay()
+                relayed = True
+                group.cancel_scope.cancel()
+            if not relayed:  # the drain cut it short
+                await self.send.send(event("node.draining", {"run_id": self.run.run_id}))
+                self.ended = True  # the run goes on; this node only stops streaming it
+
+    async def _relay(self) -> None:
+        run_id = self.run.run_id
+        try:
+            async for item in self.bus.follow(run_id, from_start=self.from_start):
+                await self.send.send(event(item.type, item.data, item.id))
+                self.ended = self.ended or item.type == "run.finished"
+            final = await self.bus.get_run(run_id)
+        except CancelBusError as exc:  # Redis went away, or the run's records expired
+            log.warning("stream of run %s ends early: %s", run_id, exc)
+            await self.send.send(event("unavailable", {"detail": str(exc)}))
             return
-        await pumping  # re-raises what the pump met
-        final = await bus.get_run(run_id)
-        finished = True
+        self.ended = True
         if final is not None:
-            yield encode("run", final.model_dump(mode="json"))
-    finally:
-        pumping.cancel()  # ends on its own; awaiting it here could swallow our cancellation
-        if not finished and on_disconnect is not None:
-            on_disconnect()
+            await self.send.send(event("run", final.model_dump(mode="json")))
 
 
-async def _until_closing(
-    queue: asyncio.Queue[RunEvent | None], closing: asyncio.Event
-) -> AsyncIterator[RunEvent | bytes | None]:
-    """The queue's items until ``closing`` is set; a keep-alive comment when idle."""
-    closed = asyncio.create_task(closing.wait())
-    try:
-        while not closing.is_set():
-            item = asyncio.create_task(queue.get())
-            done, _ = await asyncio.wait(
-                {item, closed}, timeout=KEEPALIVE_SECONDS, return_when=asyncio.FIRST_COMPLETED
-            )
-            if item in done:
-                yield item.result()
-                continue
-            item.cancel()
-            if not done:
-                yield KEEPALIVE
-    finally:
-        closed.cancel()
+async def _cancel_when_set(flag: asyncio.Event, scope: anyio.CancelScope) -> None:
+    await flag.wait()
+    scope.cancel()

@@ -25,13 +25,13 @@ def cluster(
     running.stop()
 
 
-def cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+def cli(*args: str, timeout: float = 60, **env: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "node.cli", *args],
         capture_output=True,
         text=True,
         timeout=timeout,
-        env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"},
+        env={"COLUMNS": "200", "PATH": "/usr/bin:/bin", **env},
     )
 
 
@@ -115,3 +115,19 @@ def test_acl_rules_of_several_namespaces() -> None:
     assert rules.index("~cb:{tenant-b}:*") < rules.index("resetchannels")
     bad = cli("acl-rules", "a b")
     assert bad.returncode == 1 and "invalid namespace" in bad.stderr
+
+
+@pytest.mark.parametrize(
+    ("env", "says"),
+    [
+        ({"CANCEL_BUS_LEASE_TTL": "0"}, "CANCEL_BUS_LEASE_TTL: Input should be greater than"),
+        ({"CANCEL_BUS_API_TOKENS_FILE": "/nonexistent/tokens.json"}, "/nonexistent/tokens.json"),
+        ({"CANCEL_BUS_API_TOKENS": '{"a-token-of-16-chars": {"role": "user"}}'}, "user_id"),
+    ],
+)
+def test_serve_reports_a_bad_configuration_in_one_line(env: dict[str, str], says: str) -> None:
+    result = cli("serve", "--port", "1", COLUMNS="60", **env)  # a narrow terminal: no wrapping
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert result.stderr.count("\n") == 1 and says in result.stderr, result.stderr
+    assert result.stderr.startswith("cancel-bus: bad configuration: ")
+    assert "a-token-of-16-chars" not in result.stderr

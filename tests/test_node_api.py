@@ -209,6 +209,7 @@ def test_list_runs_cluster_wide_and_nodes(cluster: Cluster) -> None:
         ("POST", "/v1/runs", "not json"),
         ("POST", "/v1/runs/x/cancel", {"mode": "sometimes"}),
         ("POST", "/v1/runs/x/cancel", {"timeout": 0}),
+        ("POST", "/v1/runs/x/cancel", {"timeout": 5e-324, "wait": False}),  # was a 503
         ("POST", "/v1/runs/x/cancel", {"timeout": 1e9}),
         ("GET", "/v1/runs/%7Bx%7D", None),
         ("GET", "/v1/runs?status=nope", None),
@@ -227,6 +228,44 @@ def test_bad_input_is_a_clear_4xx(cluster: Cluster, method: str, path: str, body
             response = client.request(method, path, json=body)
     assert response.status_code == 422, response.text
     assert "detail" in response.json()
+
+
+NON_FINITE = ["NaN", "Infinity", "-Infinity", "1e400"]  # JSON that Python reads as nan/inf
+NUMERIC_FIELDS = [
+    ("/v1/runs", {"agent": {"tokens": "X"}}, "tokens"),
+    ("/v1/runs", {"agent": {"token_interval_ms": "X"}}, "token_interval_ms"),
+    ("/v1/runs", {"agent": {"turns": "X"}}, "turns"),
+    ("/v1/runs/stream", {"agent": {"tools": [{"name": "t", "duration_ms": "X"}]}}, "duration_ms"),
+    ("/v1/runs/r1/cancel", {"timeout": "X"}, "timeout"),
+    ("/v1/sessions/a/u/s/cancel", {"timeout": "X"}, "timeout"),
+]
+
+
+@pytest.mark.parametrize("number", NON_FINITE)
+@pytest.mark.parametrize(("path", "body", "field"), NUMERIC_FIELDS)
+def test_non_finite_numbers_are_a_422_that_says_where(
+    cluster: Cluster, path: str, body: dict[str, Any], field: str, number: str
+) -> None:
+    if path.startswith("/v1/runs") and not path.endswith("cancel"):
+        body = {**_body(), **body}
+    content = json.dumps(body).replace('"X"', number)
+    with cluster.nodes[0].client() as client:
+        response = client.post(path, content=content, headers={"content-type": "application/json"})
+    assert response.status_code == 422, response.text
+    answer = json.loads(response.text, parse_constant=_no_constants)  # strict JSON
+    assert answer["errors"][0]["loc"][-1] == field
+    assert field in answer["detail"] and number not in response.text
+
+
+@pytest.mark.parametrize("number", [*NON_FINITE, "1e3", "10" * 2500])
+def test_numeric_query_parameters_refuse_what_is_no_integer(cluster: Cluster, number: str) -> None:
+    with cluster.nodes[0].client() as client:
+        response = client.get("/v1/runs", params={"limit": number})
+    assert response.status_code == 422 and "query.limit" in response.json()["detail"]
+
+
+def _no_constants(name: str) -> None:
+    raise AssertionError(f"{name} in a JSON answer")
 
 
 def test_oversized_body_is_rejected(cluster: Cluster) -> None:

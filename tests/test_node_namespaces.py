@@ -29,6 +29,10 @@ def test_apps_live_in_their_own_namespaces(redis_server: EmbeddedServer, tmp_pat
                 response = client.post("/v1/runs", json=body)
                 assert response.status_code == 201
                 runs[app] = response.json()["run_id"]
+            # a run id is unique across the namespaces: chat cannot reuse billing's
+            reused = {"app_name": "chat", "user_id": "u", "session_id": "s2", "agent": agent}
+            taken = client.post("/v1/runs", json={**reused, "run_id": runs["billing"]})
+            assert taken.status_code == 409 and runs["billing"] not in taken.text
         server = redis.Redis(port=redis_server.port)
         assert server.exists(f"cb:{{{billing}}}:run:{runs['billing']}")
         assert server.exists(f"cb:{{{cluster.namespace}}}:run:{runs['chat']}")

@@ -411,6 +411,8 @@ async def test_a_queued_run_is_claimed_only_by_its_own_session(store: RunStore) 
         assert code == "exists" and run is not None and run["status"] == "queued"
     code, run, _ = await store.start_run("q1", "n1", epoch, ("app", "alice", "s"), None, False)
     assert code == "ok" and run is not None and run["status"] == "running"
+    code, _, _ = await store.start_run("q1", "n1", epoch, ("app", "bob", "s"), None, False)
+    assert code == "exists"  # running here: not bob's either
     assert (await store.enqueue_run("q2", None, None))[0] == "ok"
     code, _, _ = await store.start_run("q2", "n1", epoch, ("app", "bob", "s"), None, False)
     assert code == "exists"  # a run queued without a session is not a user's to claim

@@ -165,7 +165,7 @@ Default margin 10 s, at least 5 s, or the kubelet SIGKILLs a node mid-drain.
 {{- fail "config.metricsRequireToken with a ServiceMonitor needs an ops token: set metrics.serviceMonitor.tokenSecret.name or keep auth.generateOpsToken" }}
 {{- end }}
 {{- if and (include "cancel-bus.ownsTokens" .) (not .Values.auth.tokens) (not .Values.auth.generateOpsToken) }}
-{{- fail "no API tokens: set auth.tokens, auth.existingSecret or auth.generateOpsToken (a node without tokens listens on 127.0.0.1 only)" }}
+{{- fail "no API tokens: set auth.tokens, auth.existingSecret or auth.generateOpsToken (a node without tokens refuses to start on the pod's address)" }}
 {{- end }}
 {{- end }}
 

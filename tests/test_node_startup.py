@@ -1,0 +1,144 @@
+"""What a node process agrees to serve: auth off (no tokens, or an empty table) only on loopback
+unless told otherwise, a log that says where it listens, and /metrics behind a token by default
+when tokens are set."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import httpx
+import pytest
+
+from node.embedded import EmbeddedServer, free_port
+
+from .node_cluster import READY_TIMEOUT, Cluster
+
+OPS = "ops-" + uuid.uuid4().hex
+
+
+def _serve(redis_url: str, *args: str, port: int = 0, **env: str) -> subprocess.Popen[str]:
+    """``cancel-bus serve`` with ``args`` (its output kept), tokens and host only from ``env``."""
+    environment = {
+        **os.environ,
+        "CANCEL_BUS_REDIS_URL": redis_url,
+        "CANCEL_BUS_API_TOKENS": "",
+        "CANCEL_BUS_API_TOKENS_FILE": "",
+        "CANCEL_BUS_HOST": "",
+        **{f"CANCEL_BUS_{key.upper()}": value for key, value in env.items()},
+    }
+    environment = {key: value for key, value in environment.items() if value != ""}
+    return subprocess.Popen(
+        [sys.executable, "-m", "node.cli", "serve", "--port", str(port or free_port()), *args],
+        env={**environment, "COLUMNS": "80"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "env"),
+    [
+        (["--host", "0.0.0.0"], {"api_tokens": "{}"}),  # an empty table is auth off
+        (["--host", "0.0.0.0"], {}),
+        ([], {"host": "::"}),
+        ([], {"host": "10.1.2.3", "api_tokens": "{}", "insecure_no_auth": "false"}),
+        (["--host", "node.example.com"], {}),  # a name may resolve anywhere
+    ],
+)
+def test_auth_off_on_an_exposed_address_refuses_to_start(
+    redis_server: EmbeddedServer, args: list[str], env: dict[str, str]
+) -> None:
+    process = _serve(redis_server.url, *args, **env)
+    try:
+        stdout, stderr = process.communicate(timeout=30)
+    finally:
+        process.kill()  # if it did start
+        process.wait()
+    assert process.returncode == 1, (stdout, stderr)
+    assert stderr.count("\n") == 1 and "Traceback" not in stderr, stderr
+    assert stderr.startswith("cancel-bus: bad configuration: auth is off")
+    assert "CANCEL_BUS_INSECURE_NO_AUTH=true" in stderr and "--insecure-no-auth" in stderr
+
+
+def _auth_off_warning(log: str) -> str:
+    return next(line for line in log.splitlines() if "AUTH IS OFF" in line)
+
+
+def test_insecure_no_auth_serves_the_exposed_address_and_says_so(
+    redis_server: EmbeddedServer, tmp_path: Path
+) -> None:
+    cluster = Cluster(
+        redis_server.url, 1, tmp_path, host="0.0.0.0", api_tokens="{}", insecure_no_auth="true"
+    )
+    node = cluster.nodes[0]
+    try:
+        cluster.start()
+        with node.client() as client:
+            assert client.get("/v1/nodes").status_code == 200  # anonymous ops, as asked
+        log = node.log_path.read_text()
+        warning = _auth_off_warning(log)
+        assert f"0.0.0.0:{node.port}" in warning and "INSECURE_NO_AUTH" in warning
+        assert f"Uvicorn running on http://0.0.0.0:{node.port}" in log
+        assert "127.0.0.1" not in log
+    finally:
+        cluster.stop()
+
+
+def _wait_ready(url: str, process: subprocess.Popen[str]) -> None:
+    deadline = time.monotonic() + READY_TIMEOUT
+    while process.poll() is None and time.monotonic() < deadline:
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
+                return
+        time.sleep(0.05)
+    raise AssertionError(f"no node ready at {url} (exit code {process.poll()})")
+
+
+def test_the_flag_says_the_same_as_the_variable(redis_server: EmbeddedServer) -> None:
+    port = free_port()
+    process = _serve(redis_server.url, "--host", "0.0.0.0", "--insecure-no-auth", port=port)
+    try:
+        _wait_ready(f"http://127.0.0.1:{port}", process)
+    finally:
+        process.terminate()
+        _, stderr = process.communicate(timeout=30)
+    assert f"0.0.0.0:{port}" in _auth_off_warning(stderr)
+
+
+def test_without_tokens_on_loopback_it_starts_and_warns_loudly(
+    redis_server: EmbeddedServer, tmp_path: Path
+) -> None:
+    cluster = Cluster(redis_server.url, 1, tmp_path).start()
+    try:
+        node = cluster.nodes[0]
+        warning = _auth_off_warning(node.log_path.read_text())
+        assert f"127.0.0.1:{node.port}" in warning and "INSECURE" not in warning
+        with node.client() as client:
+            assert client.get("/metrics").status_code == 200
+    finally:
+        cluster.stop()
+
+
+@pytest.mark.parametrize(("require", "anonymous"), [(None, 401), ("false", 200)])
+def test_metrics_need_a_token_by_default_and_can_be_opened(
+    redis_server: EmbeddedServer, tmp_path: Path, require: str | None, anonymous: int
+) -> None:
+    settings = {"metrics_require_token": require} if require is not None else {}
+    tokens = json.dumps({OPS: {"role": "ops"}})
+    cluster = Cluster(redis_server.url, 1, tmp_path, api_tokens=tokens, **settings).start()
+    try:
+        node = cluster.nodes[0]
+        assert httpx.get(f"{node.url}/metrics").status_code == anonymous
+        assert httpx.get(f"{node.url}/v1/runs").status_code == 401  # the API stays closed
+        with node.client(OPS) as client:
+            assert "cancel_bus_node_tasks" in client.get("/metrics").text
+    finally:
+        cluster.stop()
