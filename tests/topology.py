@@ -1,11 +1,13 @@
 """Local multi-process Redis topologies for the tests: a Sentinel group (1 primary, 1 replica,
-3 sentinels) and a Cluster (3 primaries, 3 replicas), built from real server processes."""
+3 sentinels; it can fail over again and again) and a Cluster (3 primaries, 3 replicas), built
+from real server processes."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import redis
 
@@ -38,13 +40,27 @@ class SentinelServer(EmbeddedServer):
         return [self.binary, str(self.conf), "--sentinel", "--logfile", str(self.log_path)]
 
 
+def _info(port: int, section: str) -> dict[str, Any]:
+    with redis.Redis(port=port, decode_responses=True) as client:
+        info: dict[str, Any] = client.info(section)
+        return info
+
+
 class SentinelGroup:
-    def __init__(self, workdir: Path, down_after_ms: int = 1000) -> None:
-        self.primary = EmbeddedServer()
-        self.replica = EmbeddedServer(extra_args=["--replicaof", "127.0.0.1", "0"])
+    """``server_args``: extra arguments for the primary and the replica (not the sentinels)."""
+
+    def __init__(
+        self, workdir: Path, down_after_ms: int = 1000, server_args: Sequence[str] = ()
+    ) -> None:
+        self.server_args = list(server_args)
+        self.primary = EmbeddedServer(extra_args=self.server_args)
+        self.replica = EmbeddedServer(extra_args=self._replica_args(0))
         self.sentinels: list[EmbeddedServer] = []
         self.workdir = workdir
         self.down_after_ms = down_after_ms
+
+    def _replica_args(self, primary_port: int) -> list[str]:
+        return [*self.server_args, "--replicaof", "127.0.0.1", str(primary_port)]
 
     @property
     def url(self) -> str:
@@ -53,7 +69,7 @@ class SentinelGroup:
 
     def start(self) -> SentinelGroup:
         self.primary.start()
-        self.replica.extra_args = ["--replicaof", "127.0.0.1", str(self.primary.port)]
+        self.replica.extra_args = self._replica_args(self.primary.port)
         self.replica.start()
         _until(lambda: self._synced(self.replica.port), 20, "the replica to sync")
         for i in range(3):
@@ -88,8 +104,59 @@ class SentinelGroup:
         )
         return int(address[1])
 
+    def failovers(self) -> int:
+        """How many failovers a sentinel has seen (its log's ``+switch-master`` events)."""
+        return self.sentinels[0].log_path.read_text().count("+switch-master")
+
     def wait_failover(self, old_port: int, timeout: float = 30) -> None:
         _until(lambda: self.current_primary_port() != old_port, timeout, "a failover")
+
+    def replica_caught_up(self) -> bool:
+        """The replica has applied everything the primary has (meaningful while writes are
+        paused on the primary)."""
+        replica = _info(self.replica.port, "replication")
+        primary = _info(self.primary.port, "replication")
+        return bool(
+            replica.get("master_link_status") == "up"
+            and replica["slave_repl_offset"] >= primary["master_repl_offset"]
+        )
+
+    def promote(self, timeout: float = 30) -> None:
+        """A failover the sentinels decide: once the replica has caught up, SIGKILL the primary
+        and wait until every sentinel names the replica as the primary. The old primary is
+        left dead, as :attr:`replica` (see :meth:`restore_replica`)."""
+        _until(self.replica_caught_up, timeout, "the replica to catch up")
+        old, new = self.primary, self.replica
+        old.kill()
+        _until(lambda: self._all_name_primary(new.port), timeout, "the sentinels to promote")
+        self.primary, self.replica = new, old
+
+    def restore_replica(self, timeout: float = 30) -> None:
+        """Start the dead former primary again as a replica of the current one and wait until
+        it is synced and every sentinel sees it (so that another failover can follow)."""
+        self.replica.extra_args = self._replica_args(self.primary.port)
+        self.replica.start()
+        _until(lambda: self._synced(self.replica.port), timeout, "the new replica to sync")
+        _until(self._all_see_replica, timeout, "the sentinels to see the new replica")
+
+    def _all_name_primary(self, port: int) -> bool:
+        for sentinel in self.sentinels:
+            with redis.Redis(port=sentinel.port, decode_responses=True) as client:
+                address = client.execute_command("SENTINEL", "GET-MASTER-ADDR-BY-NAME", SERVICE)
+            if int(address[1]) != port:
+                return False
+        return True
+
+    def _all_see_replica(self) -> bool:
+        for sentinel in self.sentinels:
+            with redis.Redis(port=sentinel.port, decode_responses=True) as client:
+                replicas = client.sentinel_slaves(SERVICE)
+            if not any(
+                r["port"] == self.replica.port and not (r["is_sdown"] or r["is_disconnected"])
+                for r in replicas
+            ):
+                return False
+        return True
 
     def cleanup(self) -> None:
         for server in [*self.sentinels, self.replica, self.primary]:

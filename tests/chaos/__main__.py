@@ -1,4 +1,10 @@
-"""Run a chaos profile by hand: python -m tests.chaos --runs 2000 --rounds 4 --seed 7"""
+"""Run a chaos profile by hand, on both topologies (proxied, then sentinel) unless told:
+
+    python -m tests.chaos --runs 2000 --rounds 5 --seed 20261203   # the long profile
+    python -m tests.chaos --bounded --seed 20261202                # what CI runs
+
+Exit status 1 if any violation; the logs of a run with violations are kept (the path is printed).
+"""
 
 from __future__ import annotations
 
@@ -10,32 +16,43 @@ import shutil
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
+from .harness import TOPOLOGIES
 from .runner import run_chaos
-from .workload import Profile
+from .workload import Profile, bounded_profile
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.chaos")
-    parser.add_argument("--runs", type=int, default=2000)
+    parser.add_argument("--runs", type=int, default=2000, help="at least this many, per topology")
     parser.add_argument("--concurrency", type=int, default=32)
-    parser.add_argument("--rounds", type=int, default=4, help="each round injects every fault")
+    parser.add_argument("--rounds", type=int, default=5, help="each round injects every fault")
     parser.add_argument("--seed", type=int, default=random.randrange(1 << 30))
+    parser.add_argument("--topology", choices=[*TOPOLOGIES, "all"], default="all")
+    parser.add_argument("--bounded", action="store_true", help="the CI profile (--seed only)")
     parser.add_argument("--json", type=Path, help="also write the report here")
     args = parser.parse_args()
     print(f"chaos seed {args.seed}", flush=True)
-    profile = Profile(args.runs, args.concurrency, args.seed, args.rounds)
-    workdir = Path(tempfile.mkdtemp(prefix="cancel-bus-chaos-"))
-    report = asyncio.run(run_chaos(profile, workdir))
-    if report.violation_count:
-        print(f"node logs and audit logs kept in {workdir}")
-    else:
-        shutil.rmtree(workdir)
-    summary = report.as_dict()
-    print(json.dumps(summary, indent=2))
+    summaries: dict[str, Any] = {}
+    violations = 0
+    for topology in TOPOLOGIES if args.topology == "all" else (args.topology,):
+        if args.bounded:
+            profile = bounded_profile(topology, args.seed)
+        else:
+            profile = Profile(args.runs, args.concurrency, args.seed, args.rounds, topology)
+        workdir = Path(tempfile.mkdtemp(prefix=f"cancel-bus-chaos-{topology}-"))
+        report = asyncio.run(run_chaos(profile, workdir))
+        if report.violation_count:
+            print(f"{topology}: logs, audit logs, fault log and history kept in {workdir}")
+        else:
+            shutil.rmtree(workdir)
+        summaries[topology] = report.as_dict()
+        violations += report.violation_count
+        print(json.dumps(summaries[topology], indent=2), flush=True)
     if args.json:
-        args.json.write_text(json.dumps(summary, indent=2) + "\n")
-    return 0 if report.violation_count == 0 else 1
+        args.json.write_text(json.dumps(summaries, indent=2) + "\n")
+    return 0 if violations == 0 else 1
 
 
 if __name__ == "__main__":

@@ -1,11 +1,12 @@
 """The history checker: what the workload was told, what the nodes' code did (audit logs) and
-what Redis holds at the end must tell one consistent story."""
+what Redis holds at the end must tell one consistent story — and one in which only the faults
+of a node can cost its runs their lives (a stalled or failed-over Redis is nobody's death)."""
 
 from __future__ import annotations
 
 import json
 from collections import Counter, defaultdict
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -14,28 +15,39 @@ import redis.asyncio as aioredis
 from cancel_bus import RunInfo
 from cancel_bus._keys import KeySpace
 
-from .harness import LEASE_TTL, RETENTION, SWEEP, Cluster
+from .faults import DATA_LOSS
+from .harness import LEASE_TTL, RETENTION, SELF_FENCE_AFTER, SWEEP, Cluster, Fault
 from .workload import Op
 
 ANSWER_BOUND = 1.5  # seconds a cancel may take beyond its own timeout (HTTP, a busy machine)
 CLOCK_SLACK = 0.05  # Redis and the workload read the same host clock
+# A node fault explains what befalls that node's runs from when it strikes until a lease and a
+# sweep after it is over (+1 s: a loaded 2-core machine)
+BLAME_WINDOW = LEASE_TTL + SWEEP + 1.0
+DEATHS = ("owner_lost", "lease_lost", "redis_unreachable")  # end reasons that mean "not asked"
+REFUSED = ("already_finished", "not_found")  # answers of a cancel that was not recorded
 CATEGORIES = (
     "one_terminal_state",
     "cancelled_is_true",
     "answer_in_time_and_consistent",
     "no_orphan_after_faults",
     "no_leak",
+    "cancelled_only_if_asked",
+    "stall_is_not_death",
 )
 
 
 @dataclass
 class Report:
     seed: int
+    topology: str = "proxied"
     runs: int = 0
     cancels: Counter[str] = field(default_factory=Counter)
     faults: Counter[str] = field(default_factory=Counter)
     violations: dict[str, list[str]] = field(default_factory=lambda: defaultdict(list))
     notes: Counter[str] = field(default_factory=Counter)
+    # stall_is_not_death: runs stopped or lost by each Redis fault kind (0: it harmed none)
+    unexplained_by_fault: Counter[str] = field(default_factory=Counter)
     recovered_by_sweep: int = 0
     worst_orphan_resolution: float = 0.0
     quiet_after_faults: float = 0.0
@@ -43,6 +55,7 @@ class Report:
     worst_cancel_answer: float = 0.0
     worst_cancel_overshoot: float = 0.0
     duration: float = 0.0
+    fault_log: list[str] = field(default_factory=list)  # as struck, with their real lengths
 
     @property
     def violation_count(self) -> int:
@@ -51,12 +64,14 @@ class Report:
     def as_dict(self) -> dict[str, Any]:
         return {
             "seed": self.seed,
+            "topology": self.topology,
             "runs": self.runs,
             "cancels": dict(self.cancels),
             "faults": dict(self.faults),
             "violations": {c: len(self.violations.get(c, [])) for c in CATEGORIES},
             "violation_examples": {c: v[:20] for c, v in self.violations.items() if v},
             "notes": dict(self.notes),
+            "unexplained_stops_by_redis_fault": dict(self.unexplained_by_fault),
             "cancels_recovered_by_sweep": self.recovered_by_sweep,
             "worst_orphan_resolution_s": round(self.worst_orphan_resolution, 3),
             "worst_orphan": self.worst_orphan,
@@ -64,6 +79,7 @@ class Report:
             "worst_cancel_answer_s": round(self.worst_cancel_answer, 3),
             "worst_cancel_overshoot_s": round(self.worst_cancel_overshoot, 3),
             "duration_s": round(self.duration, 1),
+            "fault_log": self.fault_log,
         }
 
 
@@ -77,15 +93,33 @@ class Checker:
         self.finishes: dict[str, list[str]] = {}
         self.audit: dict[str, list[dict[str, Any]]] = defaultdict(list)
         self.before_restart: dict[str, RunInfo] = {}  # the last record of runs Redis forgot
-        self.restarts = [at for at, kind, _ in cluster.fault_log if kind.startswith("redis")]
-        self.downtime = [
-            (at, kind, target)
-            for at, kind, target in cluster.fault_log
-            if kind in ("sigkill", "sigstop")
-        ]
+        self.data_loss = [f.at for f in cluster.fault_log if f.kind in DATA_LOSS]
+        self.downtime = [f for f in cluster.fault_log if f.kind in ("sigkill", "sigstop")]
+        self.cancels: dict[str, list[Op]] = defaultdict(list)
+        for op in self.cancel_ops():
+            if op.run_id is not None:
+                self.cancels[op.run_id].append(op)
 
     def fail(self, category: str, detail: str) -> None:
         self.report.violations[category].append(detail)
+
+    def dump(self, path: Path) -> None:
+        """The whole history and every violation, to study a failed run offline."""
+        history = {
+            "violations": self.report.violations,
+            "faults": [asdict(f) for f in self.cluster.fault_log],
+            "ops": [op.as_dict() for op in self.ops],
+            "records": {
+                run_id: record and record.model_dump(mode="json")
+                for run_id, record in self.records.items()
+            },
+            "before_data_loss": {
+                run_id: record.model_dump(mode="json")
+                for run_id, record in self.before_restart.items()
+            },
+            "finishes": self.finishes,
+        }
+        path.write_text(json.dumps(history, indent=1) + "\n")
 
     def load_audit(self) -> None:
         for path in Path(self.cluster.audit_dir).glob("*.jsonl"):
@@ -122,6 +156,24 @@ class Checker:
         finals = [e["status"] for e in self.audit[run_id] if e["event"] == "final"]
         return finals[-1] if finals and finals[-1] else None
 
+    def owner_struck_near_the_loss(self, before: RunInfo) -> bool:
+        """The run's owner had a fault around the data loss that forgot the run (then nobody
+        may be left to re-assert it)."""
+        loss = next(
+            (
+                f
+                for f in self.cluster.fault_log
+                if f.kind in DATA_LOSS and f.at >= before.created_at - CLOCK_SLACK
+            ),
+            None,
+        )
+        return loss is None or any(
+            f.node_level
+            and f.target == before.owner
+            and loss.at - BLAME_WINDOW <= f.at <= loss.end + BLAME_WINDOW
+            for f in self.cluster.fault_log
+        )
+
     def check_terminal_states(self) -> None:
         for run_id, record in self.records.items():
             finals = {
@@ -134,7 +186,14 @@ class Checker:
                         "one_terminal_state", f"{run_id}: no record, not even before a restart"
                     )
                 elif before.is_active:
-                    self.report.notes["active_at_a_restart_and_never_reasserted"] += 1
+                    if self.owner_struck_near_the_loss(before):
+                        self.report.notes["active_at_a_restart_and_never_reasserted"] += 1
+                    else:
+                        self.fail(
+                            "one_terminal_state",
+                            f"{run_id}: active when Redis lost its data, never re-asserted nor "
+                            f"finished by its live owner; {self.story(run_id, before, None)}",
+                        )
                 else:
                     self.report.notes["finished_before_a_restart_forgot_them"] += 1
                     if finals and finals != {before.status.value}:
@@ -220,7 +279,7 @@ class Checker:
         assert op.run_id is not None
         record = self.last_record(op.run_id)
         status = self.final_status(op.run_id)
-        lost = any(op.started - 60 <= at <= op.ended + 5 for at in self.restarts)
+        lost = any(op.started - 60 <= at <= op.ended + 5 for at in self.data_loss)
         if op.outcome == "already_finished":
             if record is not None and (record.finished_at or 0) > op.ended + CLOCK_SLACK:
                 self.fail(
@@ -268,14 +327,14 @@ class Checker:
 
     def faults_near(self, op: Op) -> str:
         return ", ".join(
-            f"{kind} {target} at {at:.3f}"
-            for at, kind, target in self.cluster.fault_log
-            if op.started - 10 <= at <= op.ended
+            f"{f.kind} {f.target} at {f.at:.3f}"
+            for f in self.cluster.fault_log
+            if op.started - 10 <= f.at <= op.ended
         )
 
     def node_was_down(self, node: str, start: float, end: float) -> bool:
         """A kill or a stop of that node around the call (it cannot answer while frozen)."""
-        return any(target == node and start - 10 <= at <= end for at, _, target in self.downtime)
+        return any(f.target == node and start - 10 <= f.at <= end for f in self.downtime)
 
     # -- 4. orphans are resolved ---------------------------------------------------------
 
@@ -285,12 +344,12 @@ class Checker:
             record = self.last_record(run_id)
             if record is None or record.end_reason != "owner_lost" or not record.finished_at:
                 continue
-            struck = [
-                at
-                for at, kind, target in self.cluster.fault_log
-                if target == record.owner
-                and at <= record.finished_at
-                and kind in ("sigkill", "sigstop", "partition")
+            struck = [  # the owner's faults in the run's life (others: stall_is_not_death)
+                f.at
+                for f in self.cluster.fault_log
+                if f.target == record.owner
+                and record.created_at - CLOCK_SLACK <= f.at <= record.finished_at
+                and f.kind in ("sigkill", "sigstop", "partition")
             ]
             if struck:
                 took = record.finished_at - max(struck)
@@ -308,9 +367,9 @@ class Checker:
     def faults_between(self, record: RunInfo) -> str:
         start, end = record.created_at, record.finished_at or 0.0
         faults = ", ".join(
-            f"{kind} {target} at {at - start:+.2f}s"
-            for at, kind, target in self.cluster.fault_log
-            if start - 5 <= at <= end
+            f"{f.kind} {f.target} at {f.at - start:+.2f}s"
+            for f in self.cluster.fault_log
+            if start - 5 <= f.at <= end
         )
         return f"owner {record.owner}; {faults}; resolved at {end - start:+.2f}s"
 
@@ -331,3 +390,159 @@ class Checker:
                 ttl = await redis.pttl(key)
                 if not 0 < ttl <= RETENTION * 1000:
                     self.fail("no_leak", f"{key}: ttl {ttl} ms, retention {RETENTION}s")
+
+    # -- 6. "cancelled" only if someone asked -------------------------------------------
+
+    def asked(self, run_id: str, before: float | None) -> bool:
+        """The workload sent a cancel for the run (not refused) before ``before``."""
+        return any(
+            op.outcome not in REFUSED and (before is None or op.started <= before + CLOCK_SLACK)
+            for op in self.cancels.get(run_id, ())
+        )
+
+    def check_cancelled_only_if_asked(self) -> None:
+        """A run recorded ``cancelled`` holds a cancel request in its record and the workload
+        sent one for it. (A drain records one too, reason ``node_shutdown``; the suite drains
+        no node before the checker has read the history.)"""
+        for run_id in self.records:
+            if self.final_status(run_id) != "cancelled":
+                continue
+            record = self.last_record(run_id)
+            ended = record.finished_at if record is not None else None
+            missing = []
+            if record is not None and record.cancel_requested_at is None:
+                missing.append("no cancel_requested_at in its record")
+            if not self.asked(run_id, ended):
+                missing.append("no cancel sent by the workload")
+            if missing:
+                self.fail(
+                    "cancelled_only_if_asked",
+                    f"{run_id}: ended cancelled, but {' and '.join(missing)}; "
+                    f"{self.story(run_id, record, ended)}",
+                )
+
+    # -- 7. a stall is nobody's death ------------------------------------------------------
+
+    def check_stall_is_not_death(self) -> None:
+        """Only a fault of a run's own node (within BLAME_WINDOW) may end it ``owner_lost``,
+        ``lease_lost`` or ``redis_unreachable``, or stop its code without a cancel request:
+        never a Redis-wide stall or a failover (unless Redis was gone for longer than the
+        self-fence deadline: then ``redis_unreachable`` is the honest cause)."""
+        for fault in self.cluster.fault_log:
+            if not fault.node_level:
+                self.report.unexplained_by_fault[fault.kind] += 0  # listed, even if harmless
+        unanswered = [run_id for run_id in self.audit if run_id not in self.records]
+        for run_id in [*self.records, *unanswered]:  # a start without an answer may have run
+            record = self.last_record(run_id)
+            found: list[str] = []
+            at: float | None = None
+            if record is not None and (death := self.unexplained_death(record)) is not None:
+                found.append(f"ended {record.status.value}/{record.end_reason}")
+                at = death
+            if (stop := self.unexplained_stop(run_id)) is not None:
+                found.append(f"its code on {stop['node']} was stopped unasked")
+                at = at if at is not None else float(stop["at"])
+            if at is None:
+                if record is not None and record.end_reason == "error":
+                    self.report.notes["failed_with_an_error"] += 1  # the agents never fail
+                continue
+            self.report.unexplained_by_fault[self.culprit(at)] += 1
+            self.fail(
+                "stall_is_not_death",
+                f"{run_id}: {' and '.join(found)}, its node had no fault; "
+                f"{self.story(run_id, record, at)}",
+            )
+
+    def unexplained_death(self, record: RunInfo) -> float | None:
+        """When the run ended owner_lost/lease_lost/redis_unreachable with no fault of its
+        owner to explain it (None: it did not, or a fault explains it)."""
+        if record.end_reason not in DEATHS or record.finished_at is None:
+            return None
+        at = record.finished_at
+        if self.blame(record.owner, at) or self.long_outage(record, at):
+            return None
+        return at
+
+    def unexplained_stop(self, run_id: str) -> dict[str, Any] | None:
+        """The audit entry of the run's code stopped without a cancel sent for it and with no
+        fault of its node to explain it (None: it was not, or it is explained)."""
+        stop = self.stop_seen(run_id)
+        if stop is None or self.asked(run_id, stop["at"]) or self.blame(stop["node"], stop["at"]):
+            return None
+        return stop
+
+    def stop_seen(self, run_id: str) -> dict[str, Any] | None:
+        """The first moment the run's code was stopped (a cancel observed or an interruption)."""
+        entries = sorted(self.audit.get(run_id, ()), key=lambda e: float(e["at"]))
+        return next(
+            (
+                e
+                for e in entries
+                if e["event"] == "observed"
+                or (e["event"] == "code_end" and e.get("how") in ("cancelled", "interrupted"))
+            ),
+            None,
+        )
+
+    def blame(self, node: str | None, at: float) -> Fault | None:
+        """The fault of ``node`` that explains what befell its run at ``at``, if any."""
+        return next(
+            (
+                f
+                for f in self.cluster.fault_log
+                if f.node_level
+                and f.target == node
+                and f.at - CLOCK_SLACK <= at <= f.end + BLAME_WINDOW
+            ),
+            None,
+        )
+
+    def long_outage(self, record: RunInfo, at: float) -> bool:
+        """Redis gone for longer than the self-fence deadline: ``redis_unreachable`` is true."""
+        return record.end_reason == "redis_unreachable" and any(
+            f.end - f.at >= SELF_FENCE_AFTER for f in self.redis_faults_near(at)
+        )
+
+    def redis_faults_near(self, at: float) -> list[Fault]:
+        """Redis-wide faults that were on, or recently over, at ``at``: the likely culprits."""
+        return [
+            f
+            for f in self.cluster.fault_log
+            if not f.node_level and f.at - 1.0 <= at <= f.end + BLAME_WINDOW
+        ]
+
+    def culprit(self, at: float) -> str:
+        """The Redis-wide fault most likely behind what happened at ``at``: the last to have
+        struck by then (else the first about to), or ``no_fault``."""
+        suspects = self.redis_faults_near(at)
+        struck = [f for f in suspects if f.at <= at]
+        if struck:
+            return struck[-1].kind
+        return suspects[0].kind if suspects else "no_fault"
+
+    def story(self, run_id: str, record: RunInfo | None, at: float | None) -> str:
+        """The run's life next to the faults (times relative to its creation), for a
+        violation's detail."""
+        if record is None:
+            origin = at or 0.0
+            life = f"record lost; times from {origin:.3f}"
+        else:
+            origin = record.created_at
+            requested = record.cancel_requested_at
+            asked = "never" if requested is None else f"{requested - origin:+.2f}s"
+            life = (
+                f"owner {record.owner}, created {origin:.3f}, ended {record.status.value}/"
+                f"{record.end_reason} at {(record.finished_at or origin) - origin:+.2f}s, "
+                f"cancel requested {asked}"
+            )
+        cancels = [
+            f"{op.kind} -> {op.outcome or op.status or op.error} at {op.started - origin:+.2f}s"
+            for op in self.cancels.get(run_id, ())
+        ]
+        until = max(at or origin, record.finished_at or origin if record else origin) + 1.0
+        faults = [
+            f"{f.kind} {f.target} at {f.at - origin:+.2f}s for {f.end - f.at:.2f}s"
+            for f in self.cluster.fault_log
+            if origin - 5 <= f.at <= until
+        ]
+        return f"{life}; cancels sent: {cancels or 'none'}; faults: {faults or 'none'}"

@@ -1,18 +1,33 @@
-"""The chaos cluster: one real Redis (no persistence), N node processes, each talking to Redis
-through its own fault proxy, and the faults the suite injects into them."""
+"""The chaos cluster: N node processes on one of two Redis topologies, and the faults the suite
+injects into them (which fault, on which topology: ``faults.py``).
+
+* ``proxied``: one real Redis (no persistence); each node talks to it through its own fault
+  proxy (``tests/faultproxy.py``), so network faults can strike one node at a time.
+* ``sentinel``: a real Sentinel group (primary, replica, 3 sentinels: ``tests/topology.py``);
+  the nodes connect with ``redis+sentinel://``, as a deployment on Sentinel does.
+
+Why a second topology for the failover, rather than re-pointing each node's proxy at the new
+primary: a proxy the harness re-points is a managed endpoint; the nodes would see one stable
+address and never meet what a Sentinel client meets in a failover — the dead primary refusing
+connections, sentinels still naming it until they agree, the promoted replica's arrival — so the
+suite would test the harness's failover, not the library's. The faults that need a proxy
+(partition, latency, RST) keep the proxied topology; each topology is its own profile.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import signal
 import subprocess
 import sys
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import httpx
 import redis.asyncio as aioredis
@@ -20,16 +35,50 @@ import redis.asyncio as aioredis
 from node.embedded import EmbeddedServer, free_port
 
 from ..faultproxy import FaultProxy
+from ..topology import SentinelGroup
 
+Topology = Literal["proxied", "sentinel"]
+TOPOLOGIES: tuple[Topology, ...] = ("proxied", "sentinel")
 LEASE_TTL = 2.0
 SWEEP = 2.0  # the bus default sweep interval
 RETENTION = 600.0
+# The library's deadline for a node without any answer from Redis to stop its runs itself
+# (``redis_unreachable``); its default for a 2 s lease: max(60, 3 leases).
+SELF_FENCE_AFTER = 60.0
+# Sentinel: the primary is declared down once a PING has waited this long for its reply. The
+# stalls the sentinel topology injects (at most 0.65 lease = 1.3 s) must not become failovers:
+# on a loaded machine the primary answers up to ~0.7 s after a stall ends (the backlog first).
+SENTINEL_DOWN_AFTER_MS = 3000
+REDIS = "redis"  # the target of a fault that strikes Redis, not one node
+SERVER_ARGS = (
+    *("--enable-debug-command", "local"),  # DEBUG SLEEP is refused unless enabled (Redis >= 7)
+    *("--repl-diskless-sync-delay", "0"),  # a replica syncs at once, not 5 s later
+)
+
+
+@dataclass
+class Fault:
+    """One injected fault, logged before it strikes."""
+
+    at: float  # time.time() when it struck
+    kind: str
+    target: str  # a node's name, or REDIS
+    length: float  # as planned, in seconds (0: a single blow)
+    ended: float | None = None  # when it was over (set afterwards)
+
+    @property
+    def node_level(self) -> bool:
+        return self.target != REDIS
+
+    @property
+    def end(self) -> float:
+        return self.ended if self.ended is not None else self.at + self.length
 
 
 @dataclass
 class Worker:
     name: str
-    proxy: FaultProxy
+    proxy: FaultProxy | None  # None: the node connects to Redis directly
     port: int
     env: dict[str, str]
     log: Path
@@ -62,32 +111,60 @@ class Worker:
                 await asyncio.sleep(0.05)
         raise RuntimeError(f"{self.name} not ready: {self.log.read_text()[-2000:]}")
 
+    def needs_proxy(self) -> FaultProxy:
+        if self.proxy is None:
+            raise RuntimeError(f"{self.name} has no fault proxy (proxied topology only)")
+        return self.proxy
+
 
 @dataclass
 class Cluster:
     workdir: Path
     size: int
     namespace: str
-    server: EmbeddedServer = field(init=False)
+    topology: Topology = "proxied"
+    server: EmbeddedServer | None = None  # proxied
+    group: SentinelGroup | None = None  # sentinel
     workers: list[Worker] = field(default_factory=list)
     faults: Counter[str] = field(default_factory=Counter)
-    fault_log: list[tuple[float, str, str]] = field(default_factory=list)
-    forgotten: dict[str, dict[str, str]] = field(default_factory=dict)  # runs before a restart
+    fault_log: list[Fault] = field(default_factory=list)
+    forgotten: dict[str, dict[str, str]] = field(default_factory=dict)  # runs before data loss
 
     @property
     def audit_dir(self) -> Path:
         return self.workdir / "audit"
 
+    @property
+    def primary(self) -> EmbeddedServer:
+        """The server that holds the data now."""
+        if self.group is not None:
+            return self.group.primary
+        assert self.server is not None, "the cluster is not started"
+        return self.server
+
     async def start(self) -> None:
+        """Start Redis and the nodes; on failure, :meth:`stop` cleans up what was started."""
         self.audit_dir.mkdir(parents=True, exist_ok=True)
-        self.server = EmbeddedServer().start()
+        if self.topology == "sentinel":
+            self.group = SentinelGroup(
+                self.workdir / "sentinel", SENTINEL_DOWN_AFTER_MS, server_args=SERVER_ARGS
+            )
+            self.group.workdir.mkdir(parents=True, exist_ok=True)
+            await asyncio.to_thread(self.group.start)
+        else:
+            self.server = EmbeddedServer(extra_args=SERVER_ARGS).start()
         for i in range(self.size):
             name = f"chaos-{i + 1}"
-            proxy = await FaultProxy(self.server.port).start()
+            proxy = None
+            if self.group is not None:
+                url = self.group.url
+            else:
+                proxy = await FaultProxy(self.primary.port).start()
+                url = proxy.url
             port = free_port()
             env = {
                 **os.environ,
-                "CANCEL_BUS_REDIS_URL": proxy.url,
+                "CANCEL_BUS_REDIS_URL": url,
                 "CANCEL_BUS_NAMESPACE": self.namespace,
                 "CANCEL_BUS_NODE_ID": name,
                 "CANCEL_BUS_PORT": str(port),
@@ -100,38 +177,61 @@ class Cluster:
                 "CHAOS_AUDIT_LOG": str(self.audit_dir / f"{name}.jsonl"),
             }
             worker = Worker(name, proxy, port, env, self.workdir / f"{name}.log")
-            worker.spawn()
             self.workers.append(worker)
+            worker.spawn()
         await asyncio.gather(*(w.ready() for w in self.workers))
 
     async def stop(self) -> None:
+        """Stop everything that was started, whatever state the faults left it in."""
+        with contextlib.suppress(Exception):
+            self.primary.resume()  # a node cannot drain against a frozen Redis
         for worker in self.workers:
-            worker.proxy.heal()
+            if worker.proxy is not None:
+                worker.proxy.heal()
             if worker.process is not None and worker.process.poll() is None:
                 if worker.stopped:
                     worker.process.send_signal(signal.SIGCONT)
                 worker.process.send_signal(signal.SIGTERM)
-        for worker in self.workers:
-            if worker.process is not None:
-                try:
-                    await asyncio.to_thread(worker.process.wait, 20)
-                except subprocess.TimeoutExpired:
-                    worker.process.kill()
-            await worker.proxy.close()
-        self.server.cleanup()
+        try:
+            for worker in self.workers:
+                if worker.process is not None:
+                    try:
+                        await asyncio.to_thread(worker.process.wait, 20)
+                    except subprocess.TimeoutExpired:
+                        worker.process.kill()
+                        await asyncio.to_thread(worker.process.wait, 10)
+                if worker.proxy is not None:
+                    await worker.proxy.close()
+        finally:
+            if self.group is not None:
+                self.group.cleanup()
+            if self.server is not None:
+                self.server.cleanup()
 
     def admin(self) -> aioredis.Redis:
-        return aioredis.Redis(port=self.server.port, decode_responses=True)
+        """A client of the current primary."""
+        return aioredis.Redis(port=self.primary.port, decode_responses=True)
 
-    def record(self, kind: str, target: str) -> None:
+    def record(self, kind: str, target: str, length: float) -> Fault:
+        """Log a fault just before it strikes (also to ``faults.jsonl``, kept with the logs)."""
+        fault = Fault(time.time(), kind, target, length)
         self.faults[kind] += 1
-        self.fault_log.append((time.time(), kind, target))
+        self.fault_log.append(fault)
+        self._log_fault(fault)
+        return fault
 
-    # -- the faults ----------------------------------------------------------------------
+    def fault_over(self, fault: Fault) -> None:
+        fault.ended = time.time()
+        self._log_fault(fault)
+
+    def _log_fault(self, fault: Fault) -> None:
+        with (self.workdir / "faults.jsonl").open("a") as out:
+            out.write(json.dumps(asdict(fault)) + "\n")
+
+    # -- node faults ---------------------------------------------------------------------
 
     async def client_kill(self, worker: Worker) -> None:
         """CLIENT KILL of every connection of the node (its subscriber included)."""
-        self.record("client_kill", worker.name)
         async with self.admin() as admin:
             for client in await admin.client_list():
                 if client.get("name", "").startswith(f"cancel-bus.{worker.name}"):
@@ -139,27 +239,30 @@ class Cluster:
                         await admin.client_kill_filter(_id=client["id"])
 
     async def proxy_reset(self, worker: Worker) -> None:
-        self.record("proxy_reset", worker.name)
-        worker.proxy.cut()
+        worker.needs_proxy().cut()
 
     async def latency(self, worker: Worker, seconds: float) -> None:
-        self.record("latency_50ms", worker.name)
-        worker.proxy.latency = 0.05
-        await asyncio.sleep(seconds)
-        worker.proxy.latency = 0.0
+        """+50 ms on every packet of the node."""
+        proxy = worker.needs_proxy()
+        proxy.latency = 0.05
+        try:
+            await asyncio.sleep(seconds)
+        finally:
+            proxy.latency = 0.0
 
     async def partition(self, worker: Worker, seconds: float) -> None:
-        """No packet in either direction for longer than the lease, then healing."""
-        self.record("partition", worker.name)
-        worker.proxy.blackhole()
-        await asyncio.sleep(seconds)
-        worker.proxy.heal()
+        """No packet in either direction, then healing."""
+        proxy = worker.needs_proxy()
+        proxy.blackhole()
+        try:
+            await asyncio.sleep(seconds)
+        finally:
+            proxy.heal()
 
     async def sigkill(self, worker: Worker, down: float) -> None:
         assert worker.process is not None
-        self.record("sigkill", worker.name)
         worker.process.kill()
-        await asyncio.to_thread(worker.process.wait)
+        await asyncio.to_thread(worker.process.wait, 10)
         worker.killed = True
         await asyncio.sleep(down)
         worker.spawn()  # the same node id: a new incarnation once the old lease is gone
@@ -167,22 +270,76 @@ class Cluster:
 
     async def sigstop(self, worker: Worker, seconds: float) -> None:
         assert worker.process is not None
-        self.record("sigstop", worker.name)
         worker.process.send_signal(signal.SIGSTOP)
         worker.stopped = True
-        await asyncio.sleep(seconds)
-        worker.process.send_signal(signal.SIGCONT)
-        worker.stopped = False
+        try:
+            await asyncio.sleep(seconds)
+        finally:
+            worker.process.send_signal(signal.SIGCONT)
+            worker.stopped = False
 
-    async def redis_restart(self) -> None:
-        """Kill Redis and start it again on the same port: every key is gone. What Redis held
-        just before is kept for the checker: it is part of the history."""
-        self.record("redis_restart_data_loss", "redis")
+    # -- Redis faults --------------------------------------------------------------------
+
+    async def redis_stall(self, how: str, seconds: float) -> None:
+        """Redis as a whole answers nobody (or, ``client_pause_write``, no write) for
+        ``seconds``: ``redis_sigstop`` (SIGSTOP, then SIGCONT), ``client_pause_all`` /
+        ``client_pause_write`` (``CLIENT PAUSE <ms> ALL|WRITE``, lifted by Redis itself),
+        ``debug_sleep`` (the server's own thread sleeps). Over when a write goes through."""
+        async with asyncio.timeout(seconds + 15):
+            await self._stall(how, seconds)
+            await self.until_writable()
+
+    async def _stall(self, how: str, seconds: float) -> None:
+        if how == "redis_sigstop":
+            self.primary.pause()
+            try:
+                await asyncio.sleep(seconds)
+            finally:
+                self.primary.resume()
+        elif how == "debug_sleep":
+            async with self.admin() as admin:
+                await admin.execute_command("DEBUG", "SLEEP", f"{seconds:.3f}")
+        elif how in ("client_pause_all", "client_pause_write"):
+            mode = how.rpartition("_")[2].upper()
+            async with self.admin() as admin:
+                await admin.execute_command("CLIENT", "PAUSE", str(round(seconds * 1000)), mode)
+        else:
+            raise ValueError(f"unknown Redis stall {how!r}")
+
+    async def until_writable(self) -> None:
+        """Until a write reaches the primary (a paused write waits for the pause to lift)."""
+        probe = f"chaos-probe:{self.namespace}"  # outside the namespace's keys
+        while True:
+            try:
+                async with self.admin() as admin:
+                    await admin.set(probe, "1", px=1000)
+                return
+            except (aioredis.ConnectionError, aioredis.TimeoutError):
+                await asyncio.sleep(0.05)
+
+    async def snapshot_frozen(self) -> None:
+        """Pause writes on the primary for good (it is about to be lost) and keep what it holds
+        of the runs for the checker: it is part of the history, whatever the loss takes."""
         prefix = f"cb:{{{self.namespace}}}:run:"
-        async with self.admin() as admin:
+        async with asyncio.timeout(30), self.admin() as admin:
             await admin.execute_command("CLIENT", "PAUSE", "30000", "WRITE")  # a still picture
             async for key in admin.scan_iter(match=f"{prefix}*", count=1000):
                 fields = await admin.hgetall(key)
                 if fields:
                     self.forgotten[key[len(prefix) :]] = fields
+
+    async def redis_restart(self) -> None:
+        """Kill Redis and start it again on the same port: every key is gone."""
+        assert self.server is not None, "a restart with data loss: proxied topology only"
+        await self.snapshot_frozen()
         await asyncio.to_thread(self.server.restart)  # the paused writes die with it
+
+    async def failover(self) -> None:
+        """A real Sentinel failover: writes paused on the primary and what it holds kept for
+        the checker, the replica caught up, the primary SIGKILLed, the sentinels promote the
+        replica; the old primary comes back as the new replica (so failovers can repeat)."""
+        group = self.group
+        assert group is not None, "a failover: sentinel topology only"
+        await self.snapshot_frozen()
+        await asyncio.to_thread(group.promote)
+        await asyncio.to_thread(group.restore_replica)

@@ -20,14 +20,22 @@ NODES = 4
 
 
 async def run_chaos(profile: Profile, workdir: Path) -> Report:
-    report = Report(seed=profile.seed)
+    report = Report(seed=profile.seed, topology=profile.topology)
     began = time.monotonic()
-    cluster = Cluster(workdir, NODES, f"chaos-{uuid.uuid4().hex[:8]}")
-    await cluster.start()
+    cluster = Cluster(workdir, NODES, f"chaos-{uuid.uuid4().hex[:8]}", profile.topology)
     try:
+        await cluster.start()
         workload = Workload(cluster, profile)
         await workload.run()
         report.faults.update(cluster.faults)
+        if cluster.group is not None:  # a stall of the primary must not have become a failover
+            made = await asyncio.to_thread(cluster.group.failovers)
+            report.notes["unplanned_failovers"] = made - cluster.faults["sentinel_failover"]
+        report.fault_log = [
+            f"{f.at - cluster.fault_log[0].at:+7.2f}s {f.kind} {f.target}: planned "
+            f"{f.length:.2f}s, over after {f.end - f.at:.2f}s"
+            for f in cluster.fault_log
+        ]
         async with cluster.admin() as redis:
             quiet_after = await _quiescence(redis, cluster.namespace)
             report.quiet_after_faults = quiet_after
@@ -46,6 +54,10 @@ async def run_chaos(profile: Profile, workdir: Path) -> Report:
             checker.check_answers()
             checker.measure_orphan_resolution()
             await checker.check_no_leak(redis)
+            checker.check_cancelled_only_if_asked()
+            checker.check_stall_is_not_death()
+            if report.violation_count:
+                await asyncio.to_thread(checker.dump, workdir / "history.json")
     finally:
         await cluster.stop()
     report.duration = time.monotonic() - began

@@ -74,6 +74,9 @@ async def audited_agent(run: RunHandle, spec: AgentSpec) -> None:
     except asyncio.CancelledError:
         audit("code_end", run.run_id, how="interrupted")
         raise
+    except Exception as exc:  # the agents never fail by themselves: log what did
+        audit("code_end", run.run_id, how=f"error: {type(exc).__name__}")
+        raise
     audit("code_end", run.run_id, how="returned")
 
 

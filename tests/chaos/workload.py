@@ -12,10 +12,12 @@ from typing import Any
 
 import httpx
 
-from .harness import LEASE_TTL, Cluster, Worker
+from .faults import fault_kinds, strike
+from .harness import Cluster, Topology, Worker
 
 HTTP_SLACK = 2.0  # a client gives a node this long beyond the cancel's own timeout
 TAIL_SECONDS = 4.0
+FAULT_GAP = (0.5, 2.0)  # seconds between two faults (random)
 
 
 @dataclass
@@ -41,10 +43,16 @@ class Op:
 
 @dataclass
 class Profile:
-    runs: int
+    runs: int  # at least; runs keep coming until the fault schedule is over
     concurrency: int
     seed: int
-    fault_rounds: int  # each round injects every fault kind once
+    fault_rounds: int  # each round injects every fault kind of the topology once
+    topology: Topology = "proxied"
+
+
+def bounded_profile(topology: Topology, seed: int, runs: int = 300) -> Profile:
+    """The profile CI runs (tests/chaos/test_chaos.py): every fault kind of the topology once."""
+    return Profile(runs=runs, concurrency=24, seed=seed, fault_rounds=1, topology=topology)
 
 
 @dataclass
@@ -164,32 +172,10 @@ class Workload:
 
     async def _faults(self) -> None:
         cluster, rng = self.cluster, random.Random(self.profile.seed + 1)
-        kinds = [
-            "client_kill",
-            "proxy_reset",
-            "latency",
-            "partition",
-            "sigkill",
-            "sigstop",
-            "redis_restart",
-        ]
+        kinds = fault_kinds(cluster.topology)
         for _ in range(self.profile.fault_rounds):
             rng.shuffle(kinds)
             for kind in kinds:
-                await asyncio.sleep(rng.uniform(0.5, 2.0))
-                worker = rng.choice(cluster.workers)
-                if kind == "client_kill":
-                    await cluster.client_kill(worker)
-                elif kind == "proxy_reset":
-                    await cluster.proxy_reset(worker)
-                elif kind == "latency":
-                    await cluster.latency(worker, 3.0)
-                elif kind == "partition":
-                    await cluster.partition(worker, LEASE_TTL * 1.5)
-                elif kind == "sigkill":
-                    await cluster.sigkill(worker, down=0.5)
-                elif kind == "sigstop":
-                    await cluster.sigstop(worker, LEASE_TTL * 1.5)
-                else:
-                    await cluster.redis_restart()
+                await asyncio.sleep(rng.uniform(*FAULT_GAP))
+                await strike(cluster, kind, rng.choice(cluster.workers))
         await asyncio.sleep(TAIL_SECONDS)  # a calm spell: history made after the last fault
