@@ -41,6 +41,6 @@ EXPOSE 8080
 # Docker and Compose use this; Kubernetes ignores it and probes /healthz and /readyz itself.
 HEALTHCHECK --interval=10s --timeout=3s --start-period=30s --retries=3 \
     CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/healthz' % os.environ.get('CANCEL_BUS_PORT', '8080'), timeout=2)"]
-# A node listens beyond 127.0.0.1 only with API tokens (CANCEL_BUS_API_TOKENS or _FILE).
+# A node with auth off (no API tokens) refuses a non-loopback address unless CANCEL_BUS_INSECURE_NO_AUTH is set.
 ENTRYPOINT ["cancel-bus"]
 CMD ["serve"]

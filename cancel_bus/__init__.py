@@ -26,6 +26,7 @@ from ._types import (
     RunEvent,
     RunInfo,
     RunStatus,
+    StopCause,
 )
 from ._version import VERSION as __version__
 
@@ -54,6 +55,7 @@ __all__ = [
     "RunNotFound",
     "RunStatus",
     "SessionBusy",
+    "StopCause",
     "__version__",
     "acl_rules",
 ]

@@ -142,6 +142,11 @@ def _take_batch(calls: deque[_Call]) -> list[_Call]:
 
 
 def _fail(batch: list[_Call], exc: BaseException) -> None:
+    """Give the batch's error to each of its calls still waiting (a cancellation cancels them)."""
     for call in batch:
-        if not call.answer.done():
+        if call.answer.done():
+            continue
+        if isinstance(exc, Exception):
             call.answer.set_exception(exc)
+        else:
+            call.answer.cancel()

@@ -109,7 +109,7 @@ class CancelBus:
             version=version,
         )
         self._waiters = Waiters()
-        self._sync = RunSync(self._store, lambda: self._lease.node_id)
+        self._sync = RunSync(self._store, lambda: self._lease.node_id, self.stats)
         self._outbox = Outbox()
         self._local = LocalRuns(
             store=self._store,

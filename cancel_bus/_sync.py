@@ -16,6 +16,7 @@ from ._errors import BusUnavailable, CancelBusError
 from ._redis import raise_if_cancelling
 from ._run import RunState
 from ._store import RunStore, SyncItem
+from ._types import BusStats
 
 log = logging.getLogger("cancel_bus")
 
@@ -23,21 +24,21 @@ MAX_PENDING_RELAY = 10_000
 
 
 class RunSync:
-    def __init__(self, store: RunStore, node_id: Callable[[], str]) -> None:
+    def __init__(self, store: RunStore, node_id: Callable[[], str], stats: BusStats) -> None:
         self._store = store
         self._node_id = node_id
+        self._stats = stats
         self._dirty: dict[str, RunState] = {}
         self._wake = asyncio.Event()
         self._lock = asyncio.Lock()
         self._stopped = False
-        self.relay_dropped = 0
 
     def mark(self, state: RunState) -> None:
         self._dirty[state.run_id] = state
         overflow = len(state.pending_relay) - MAX_PENDING_RELAY
         if overflow > 0:
             del state.pending_relay[:overflow]
-            self.relay_dropped += overflow
+            self._stats.relay_dropped += overflow
         self._wake.set()
 
     async def flush(self, state: RunState) -> None:

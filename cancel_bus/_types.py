@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Literal
 
@@ -191,24 +191,47 @@ class RunEvent(BaseModel):
     data: dict[str, Any]
 
 
+def _counter(help_text: str, **labels: str) -> Any:
+    """A BusStats field: its help text, and the labels it takes in a family of counters named
+    by ``family`` (default: its own name)."""
+    return field(default=0, metadata={"help": help_text, **labels})
+
+
 @dataclass(slots=True)
 class BusStats:
-    """Counters of one bus since it started (exported as metrics by the node service)."""
+    """Counters of one bus since it started. The node service exports every field as a
+    Prometheus counter (``cancel_bus_<name>_total``, or the ``family`` a field names, with its
+    labels): add a field here and it is exported."""
 
-    cancels_requested: int = 0
-    cancels_delivered: int = 0
-    cancels_recovered_by_sweep: int = 0
-    messages_rejected: int = 0  # every message dropped, whatever the reason below
-    messages_malformed: int = 0
-    messages_forged: int = 0  # no valid seal (signed buses)
-    messages_stale: int = 0  # sealed outside the time window
-    messages_replayed: int = 0  # a nonce this node has seen
-    messages_misaddressed: int = 0  # for another node, incarnation or run
-    leases_lost: int = 0
-    self_fences: int = 0  # runs stopped because Redis was unreachable for the deadline
-    runs_reaped: int = 0
-    nodes_reaped: int = 0
-    runs_reasserted: int = 0
-    orphans_resolved: int = 0
-    finishes_deferred: int = 0
-    finishes_fenced: int = 0
+    cancels_requested: int = _counter("Cancel requests this node sent to Redis")
+    cancels_delivered: int = _counter("Cancels delivered to this node's runs by a bus message")
+    cancels_recovered_by_sweep: int = _counter(
+        "Cancels delivered to this node's runs by a sweep of Redis (their message was lost)"
+    )
+    messages_rejected: int = _counter("Bus messages dropped, whatever the reason", family="")
+    messages_malformed: int = _counter(
+        "Bus messages dropped, by reason", family="messages_rejected", reason="malformed"
+    )
+    messages_forged: int = _counter(
+        "Bus messages dropped, by reason", family="messages_rejected", reason="forged"
+    )
+    messages_stale: int = _counter(
+        "Bus messages dropped, by reason", family="messages_rejected", reason="stale"
+    )
+    messages_replayed: int = _counter(
+        "Bus messages dropped, by reason", family="messages_rejected", reason="replayed"
+    )
+    messages_misaddressed: int = _counter(
+        "Bus messages dropped, by reason", family="messages_rejected", reason="misaddressed"
+    )
+    leases_lost: int = _counter("Times Redis said this node's lease was gone (it rejoined)")
+    self_fences: int = _counter(
+        "Times this node stopped its runs after no answer from Redis for the self-fence deadline"
+    )
+    runs_reaped: int = _counter("Runs of dead nodes resolved by this node")
+    nodes_reaped: int = _counter("Dead nodes reaped by this node")
+    runs_reasserted: int = _counter("Runs re-created in Redis after it lost them")
+    orphans_resolved: int = _counter("Runs Redis said this node owned but it did not hold")
+    finishes_deferred: int = _counter("Finishes that had to wait for Redis in the outbox")
+    finishes_fenced: int = _counter("Finishes refused because this incarnation was fenced")
+    relay_dropped: int = _counter("Relayed events dropped: a run emitted faster than Redis took")

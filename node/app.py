@@ -51,6 +51,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     """Raises ValueError for a configuration that must not run (auth off on an exposed host)."""
     settings = settings or Settings()
     settings.check_exposure()
+    settings.accepted_keys()  # a bad list fails here, in one line
     tokens = TokenTable(settings.tokens())
     node = NodeService(settings)
 

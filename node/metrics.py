@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -10,7 +11,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from cancel_bus import CancelBus, CancelResult
+from cancel_bus import BusStats, CancelBus, CancelResult
 
 _LATENCY_BUCKETS = (
     0.0005,
@@ -29,18 +30,22 @@ _LATENCY_BUCKETS = (
     10.0,
     30.0,
 )
-_BUS_COUNTERS = {
-    "cancels_requested": "Cancel requests this node sent to Redis",
-    "cancels_delivered": "Cancels delivered to this node's runs by a bus message",
-    "cancels_recovered_by_sweep": "Cancels delivered to this node's runs by a sweep of Redis",
-    "messages_rejected": "Bus messages dropped (unparsable, forged or replayed)",
-    "leases_lost": "Times this node lost its lease and was fenced",
-    "runs_reaped": "Runs of dead nodes resolved by this node",
-    "nodes_reaped": "Dead nodes reaped by this node",
-    "runs_reasserted": "Runs re-created in Redis after it lost them",
-    "finishes_deferred": "Terminal writes that had to wait for Redis",
-    "finishes_fenced": "Terminal writes refused because this incarnation was fenced",
-}
+
+
+def _counter_families() -> dict[str, tuple[str, list[tuple[str, str, dict[str, str]]]]]:
+    """BusStats' fields as Prometheus families: family -> (help, [(field, labels)])."""
+    families: dict[str, tuple[str, list[tuple[str, str, dict[str, str]]]]] = {}
+    for stat in dataclasses.fields(BusStats):
+        meta = dict(stat.metadata)
+        family = meta.pop("family", stat.name)
+        if not family:  # a total of a labelled family: Prometheus sums it
+            continue
+        help_text = meta.pop("help")
+        families.setdefault(family, (help_text, []))[1].append((stat.name, help_text, meta))
+    return families
+
+
+_BUS_COUNTERS = _counter_families()
 
 
 # the attribute redis-py's get_connection_count() tells a pool's connections apart by
@@ -84,8 +89,12 @@ class _BusCollector(Collector):
             labels=["bus_namespace", "state"],
         )
         counters = {
-            name: CounterMetricFamily(f"cancel_bus_{name}", help_text, labels=["bus_namespace"])
-            for name, help_text in _BUS_COUNTERS.items()
+            family: CounterMetricFamily(
+                f"cancel_bus_{family}",
+                help_text,
+                labels=["bus_namespace", *stats[0][2]],
+            )
+            for family, (help_text, stats) in _BUS_COUNTERS.items()
         }
         for namespace, bus in self._buses.items():
             for count, attributes in _pool_counts(bus):
@@ -96,8 +105,11 @@ class _BusCollector(Collector):
                 strict=True,
             ):
                 family.add_metric([namespace], value)
-            for name, family in counters.items():
-                family.add_metric([namespace], getattr(bus.stats, name))
+            for family_name, (_, stats) in _BUS_COUNTERS.items():
+                for name, _, labels in stats:
+                    counters[family_name].add_metric(
+                        [namespace, *labels.values()], getattr(bus.stats, name)
+                    )
         yield from families
         yield connections
         yield from counters.values()

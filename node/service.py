@@ -17,8 +17,8 @@ from cancel_bus import (
     RunExists,
     RunHandle,
     RunInfo,
-    RunNotFound,
     RunStatus,
+    StopCause,
 )
 
 from .agent import record_cancellation, run_agent
@@ -68,6 +68,8 @@ class NodeService:
                 lease_ttl=s.lease_ttl,
                 retention=s.retention,
                 signing_key=s.signing_key.get_secret_value() if s.signing_key else None,
+                verification_keys=s.accepted_keys(),
+                self_fence_after=s.self_fence_after,
             )
             await bus.start()
             self._buses[namespace] = bus
@@ -134,10 +136,7 @@ class NodeService:
         task.add_done_callback(self._tasks.discard)
         handle = await registered
         self.metrics.runs_started.inc()
-        info = await self.bus_for_app(body.app_name).get_run(handle.run_id)
-        if info is None:
-            raise RunNotFound(handle.run_id)
-        return info
+        return handle.info  # as its start recorded it: no second round trip
 
     async def _check_claimable(self, run_id: str, session: tuple[str, str, str]) -> None:
         """A given run id must be new in every namespace, or name a queued run of this very
@@ -184,11 +183,18 @@ class NodeService:
         return result
 
     def cancel_soon(self, bus: CancelBus, run_id: str, reason: str) -> None:
-        """Cancel without waiting, from a context that is going away (a closed stream)."""
+        """Cancel without waiting, from a context that is going away (a closed stream): the
+        request's cause is the client's disconnect."""
 
         async def cancel() -> None:
             with contextlib.suppress(Exception):
-                await bus.cancel(run_id, reason=reason, requested_by="node", wait=False)
+                await bus.cancel(
+                    run_id,
+                    reason=reason,
+                    requested_by=bus.node_id,
+                    cause=StopCause.CLIENT_DISCONNECT,
+                    wait=False,
+                )
 
         task = asyncio.create_task(cancel())
         self._tasks.add(task)

@@ -72,9 +72,25 @@ class Settings(BaseSettings):
         default=False, description="allow auth off (no tokens) on a non-loopback address"
     )
     signing_key: SecretStr | None = None
+    verification_keys: SecretStr | None = Field(
+        default=None,
+        description="JSON list of keys accepted besides the signing key (key rotation)",
+    )
+    self_fence_after: float | None = Field(
+        default=None,
+        ge=0.3,
+        le=86400,
+        description="seconds without Redis after which the node stops its runs",
+    )
     data_dir: Path | None = None
     max_body_bytes: int = Field(default=64 * 1024, ge=1024, le=16 * 1024 * 1024)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+    @model_validator(mode="after")
+    def _self_fence_outlasts_the_lease(self) -> Settings:
+        if self.self_fence_after is not None and self.self_fence_after < self.lease_ttl:
+            raise ValueError("self_fence_after must be at least lease_ttl")
+        return self
 
     @field_validator(
         "redis_url",
@@ -83,6 +99,8 @@ class Settings(BaseSettings):
         "api_tokens",
         "api_tokens_file",
         "signing_key",
+        "verification_keys",
+        "self_fence_after",
         mode="before",
     )
     @classmethod
@@ -106,6 +124,17 @@ class Settings(BaseSettings):
                 problems = "; ".join(e["msg"] for e in exc.errors())
                 raise ValueError(f"{ENV_PREFIX}API_TOKENS: a bad grant: {problems}") from None
         return tokens
+
+    def accepted_keys(self) -> list[str]:
+        """The keys bus messages may be sealed with besides the signing key."""
+        if self.verification_keys is None:
+            return []
+        keys = _parse_json(self.verification_keys.get_secret_value(), "VERIFICATION_KEYS")
+        if not isinstance(keys, list) or not all(isinstance(key, str) and key for key in keys):
+            raise ValueError(f"{ENV_PREFIX}VERIFICATION_KEYS must be a JSON list of strings")
+        if self.signing_key is None:
+            raise ValueError(f"{ENV_PREFIX}VERIFICATION_KEYS needs {ENV_PREFIX}SIGNING_KEY")
+        return keys
 
     def redis_connection_url(self) -> str | None:
         """``redis_url`` with the credentials of their own variables put in, URL-encoded, so a
@@ -173,11 +202,15 @@ def _secret(value: SecretStr | None) -> str:
     return value.get_secret_value() if value is not None else ""
 
 
-def _load_json(text: str, key: str) -> dict[str, object]:
+def _parse_json(text: str, key: str) -> object:
     try:
-        value = json.loads(text)
+        return json.loads(text)
     except json.JSONDecodeError as exc:
         raise ValueError(f"{ENV_PREFIX}{key} is not valid JSON: {exc.msg}") from None
+
+
+def _load_json(text: str, key: str) -> dict[str, object]:
+    value = _parse_json(text, key)
     if not isinstance(value, dict):
         raise ValueError(f"{ENV_PREFIX}{key} must be a JSON object of token -> grant")
     return value

@@ -75,6 +75,10 @@ class FaultProxy:
         except OSError:
             _reset(writer)
             return
+        if self.mode == "refuse":  # refused while this link was being made: it must not live
+            _reset(writer)
+            _reset(up_writer)
+            return
         self.connections_made += 1
         link = (writer, up_writer)
         self._links.add(link)

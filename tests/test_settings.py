@@ -45,3 +45,21 @@ def test_sentinel_credentials_become_url_parameters(monkeypatch: pytest.MonkeyPa
         "rediss+sentinel://s1:26379/m/0?ssl_ca_certs=%2Fca&sentinel_username=sentinel-user"
         "&sentinel_password=s%26cret%3D1"
     )
+
+
+def test_verification_keys_and_the_self_fence_deadline(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CANCEL_BUS_VERIFICATION_KEYS", '["old-key"]')
+    with pytest.raises(ValueError, match="needs CANCEL_BUS_SIGNING_KEY"):
+        Settings().accepted_keys()
+    monkeypatch.setenv("CANCEL_BUS_SIGNING_KEY", "new-key")
+    assert Settings().accepted_keys() == ["old-key"]
+    for bad in ('"old-key"', "[1]", '[""]', "[old-key]"):
+        monkeypatch.setenv("CANCEL_BUS_VERIFICATION_KEYS", bad)
+        with pytest.raises(ValueError, match="VERIFICATION_KEYS"):
+            Settings().accepted_keys()
+    monkeypatch.setenv("CANCEL_BUS_LEASE_TTL", "10")
+    monkeypatch.setenv("CANCEL_BUS_SELF_FENCE_AFTER", "5")
+    with pytest.raises(ValueError, match="self_fence_after must be at least lease_ttl"):
+        Settings()
+    monkeypatch.setenv("CANCEL_BUS_SELF_FENCE_AFTER", "30")
+    assert Settings().self_fence_after == 30

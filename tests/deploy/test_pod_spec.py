@@ -292,6 +292,7 @@ def _cancel_across_two_pods(
     existing: dict[str, dict[str, str]],
     tmp_path: Path,
     alice: str,
+    ops: str,
     apps: tuple[str, ...] = ("app",),
 ) -> list[LocalPod]:
     """Two pods; a run of each app started on one is cancelled through the other. Returns the
@@ -316,7 +317,8 @@ def _cancel_across_two_pods(
             assert answer.json()["outcome"] == "cancelled"
             assert answer.json()["run"]["cancel_delivered_at"]  # over the bus, not the sweep
         if len(apps) > 1:  # one bus per namespace, each with its own lease and subscription
-            metrics = httpx.get(f"{other.url}/metrics", timeout=10).text
+            ops_headers = {"Authorization": f"Bearer {ops}"}  # /metrics needs one, by default
+            metrics = httpx.get(f"{other.url}/metrics", headers=ops_headers, timeout=10).text
             ready = re.findall(r'^cancel_bus_ready\{bus_namespace="([^"]+)"\} 1\.0$', metrics, re.M)
             assert len(ready) == len(apps), metrics
     finally:
@@ -354,7 +356,7 @@ def test_rendered_pods_on_sentinel_with_passwords(
     assert env["CANCEL_BUS_REDIS_SENTINEL_PASSWORD"] == sentinel_password
     for secret in (sentinel_password, password):
         assert secret not in url and quote(secret, safe="") not in url
-    _cancel_across_two_pods(docs, existing, tmp_path, alice)
+    _cancel_across_two_pods(docs, existing, tmp_path, alice, ops)
 
 
 @pytest.mark.skipif(not shutil.which("openssl"), reason="openssl is needed to make certificates")
@@ -429,7 +431,7 @@ def test_rendered_pods_serve_two_namespaces_on_a_redis_cluster(
     values["config"]["appNamespaces"] = {"search": search}
     docs = template(values, kube_version=CURRENT_KUBE)
     existing = {"redis-acl": {"user": user, "pw": password}}
-    _cancel_across_two_pods(docs, existing, tmp_path, alice, apps=("app", "search"))
+    _cancel_across_two_pods(docs, existing, tmp_path, alice, ops, apps=("app", "search"))
     # every key of a namespace lives in its hash tag's slot, on one primary: each on its own
     for name in (namespace, search):
         prefix = KeySpace(name).prefix
