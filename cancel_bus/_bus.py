@@ -25,7 +25,7 @@ from ._follow import follow
 from ._inbox import Inbox
 from ._keys import KeySpace, new_node_id, validate_id
 from ._lease import Lease
-from ._local import LocalRuns
+from ._local import Delivery, LocalRuns
 from ._messages import MessageSigner, run_target, session_target
 from ._outbox import Outbox
 from ._recovery import Recovery
@@ -432,8 +432,9 @@ class CancelBus:
         request = run.cancel_request
         if request is not None:
             self._recovery.accepted(run.run_id, request)
-            if run.owner == self.node_id:  # not published: the owner is here
-                self._local.deliver(run.run_id, request)
+            here = run.owner == self.node_id  # not published: the owner is this node
+            if here and self._local.deliver(run.run_id, request) is Delivery.DELIVERED:
+                self.stats.cancels_delivered += 1
         if not wait:
             return CancelResult(outcome=Outcome.STOPPING, run=run)
         final = await self._waiters.until_end(run.run_id, deadline, self._store.get_run)

@@ -370,24 +370,50 @@ class RunStore:
         user_id: str | None,
         limit: int,
     ) -> list[RunInfo]:
-        """Newest first. Reads the narrowest index, pages through it, filters the records."""
+        """The most recent first: an active run by its creation, a finished one by its end.
+        Reads the narrowest indexes, each up to ``limit`` matches, then merges them."""
         found: list[RunInfo] = []
         for index in self._indexes_for(status, node_id):
-            offset = 0
-            while len(found) < limit:
-                with translated("list_runs"):
-                    ids = await self._page(index, node_id, offset)
-                if not ids:
-                    break
-                offset += len(ids)
-                for run in await self.get_runs(ids):
-                    if _matches(run, status, node_id, app_name, user_id):
-                        found.append(run)
-                        if len(found) == limit:
-                            break
-                if node_id is not None:
-                    break  # a node's run set is read whole
-        return found
+            found += await self._matching(index, status, node_id, app_name, user_id, limit)
+        found.sort(key=_recency, reverse=True)
+        return found[:limit]
+
+    async def _matching(
+        self,
+        index: str,
+        status: StatusFilter,
+        node_id: str | None,
+        app_name: str | None,
+        user_id: str | None,
+        limit: int,
+    ) -> list[RunInfo]:
+        """Up to ``limit`` runs of ``index`` that match, most recent first."""
+        if node_id is not None and index == self.keys.node_runs(node_id):
+            with translated("list_runs"):
+                members = cast(set[str], await self.redis.smembers(index))  # bounded: read whole
+            runs = [
+                r
+                for r in await self.get_runs(list(members))
+                if _matches(r, status, node_id, app_name, user_id)
+            ]
+            return sorted(runs, key=_recency, reverse=True)[:limit]
+        found: list[RunInfo] = []
+        offset = 0
+        while len(found) < limit:
+            with translated("list_runs"):
+                ids = cast(
+                    list[str],
+                    await self.redis.zrange(index, offset, offset + _LIST_PAGE - 1, desc=True),
+                )
+            if not ids:
+                break
+            offset += len(ids)
+            found += [
+                r
+                for r in await self.get_runs(ids)
+                if _matches(r, status, node_id, app_name, user_id)
+            ]
+        return found[:limit]
 
     def _indexes_for(self, status: StatusFilter, node_id: str | None) -> list[str]:
         k = self.keys
@@ -398,12 +424,6 @@ class RunStore:
         if status == "all":
             return [k.active, k.finished]
         return [k.finished]
-
-    async def _page(self, index: str, node_id: str | None, offset: int) -> list[str]:
-        if node_id is not None and index == self.keys.node_runs(node_id):
-            return sorted(cast(set[str], await self.redis.smembers(index))) if offset == 0 else []
-        ids = await self.redis.zrange(index, offset, offset + _LIST_PAGE - 1, desc=True)
-        return cast(list[str], ids)
 
     async def list_nodes(self, now: float) -> list[NodeInfo]:
         """The nodes holding a lease; ``now`` (server clock) tells which leases have expired.
@@ -512,6 +532,11 @@ def _event(entry_id: str, fields: dict[str, str]) -> RunEvent:
         at=float(fields.get("at", 0)),
         data=json.loads(fields.get("data") or "{}"),
     )
+
+
+def _recency(run: RunInfo) -> float:
+    """When the run last changed state (as its index orders it): its end, else its creation."""
+    return run.finished_at if run.finished_at is not None else run.created_at
 
 
 def _matches(

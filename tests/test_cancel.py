@@ -54,6 +54,7 @@ async def test_cancel_on_the_owner_node_uses_the_local_path(make_bus: BusFactory
     run = await LoopingRun(a).start()
     result = await a.cancel(run.run_id, timeout=WAIT)
     assert result.outcome is Outcome.CANCELLED
+    assert a.stats.cancels_delivered == 1 and a.stats.messages_rejected == 0
     await run.done()
 
 
@@ -487,3 +488,24 @@ async def test_an_immediate_cancel_that_beats_the_registration_still_interrupts(
 
 async def _remembered(bus: CancelBus, run_id: str) -> bool:
     return run_id in bus._local._early
+
+
+async def test_list_runs_of_every_status_most_recent_first(make_bus: BusFactory) -> None:
+    a, b = await make_bus(), await make_bus()
+    older = await LoopingRun(a).start()  # active, created first
+    async with a.run() as ended:  # created and finished after it
+        pass
+    newest = await LoopingRun(a).start()
+    runs = await b.list_runs(status="all", limit=3)
+    assert [r.run_id for r in runs] == [newest.run_id, ended.run_id, older.run_id]
+    assert [r.run_id for r in await b.list_runs(status="all", limit=1)] == [newest.run_id]
+    newest.finish.set()
+    await newest.done()
+    assert [r.run_id for r in await b.list_runs(status="all", limit=2)] == [
+        newest.run_id,  # its end is now the most recent change
+        ended.run_id,
+    ]
+    by_node = await b.list_runs(node_id=a.node_id)
+    assert [r.run_id for r in by_node] == [older.run_id]
+    older.finish.set()
+    await older.done()
