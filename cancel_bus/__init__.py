@@ -26,7 +26,9 @@ from ._types import (
     RunEvent,
     RunInfo,
     RunStatus,
+    SelectorResult,
     StopCause,
+    Tombstone,
 )
 from ._version import VERSION as __version__
 
@@ -54,8 +56,10 @@ __all__ = [
     "RunInfo",
     "RunNotFound",
     "RunStatus",
+    "SelectorResult",
     "SessionBusy",
     "StopCause",
+    "Tombstone",
     "__version__",
     "acl_rules",
 ]

@@ -31,6 +31,7 @@ from ._outbox import Outbox
 from ._recovery import Recovery
 from ._redis import Topology, connect
 from ._run import RunHandle, RunScope, RunSpec
+from ._selection import Selections
 from ._state import Lifecycle
 from ._store import RunStore, StatusFilter
 from ._sync import RunSync
@@ -43,7 +44,9 @@ from ._types import (
     RunEvent,
     RunInfo,
     RunStatus,
+    SelectorResult,
     StopCause,
+    Tombstone,
 )
 from ._version import VERSION
 from ._waiters import Waiters
@@ -143,6 +146,7 @@ class CancelBus:
             fixed_node_id=fixed_node_id,
         )
         self._lease.holder = self._recovery
+        self._selections = Selections(self._store, self.clock)
         self._tasks: list[asyncio.Task[None]] = []
 
     # -- lifecycle ----------------------------------------------------------------------------
@@ -246,15 +250,21 @@ class CancelBus:
         session_id: str | None = None,
         metadata: dict[str, Any] | None = None,
         relay: bool = False,
+        parent: str | None = None,
+        detached: bool = False,
     ) -> RunScope:
         """Run here: ``async with bus.run(...) as run``. A queued run of that id is claimed.
 
-        ``relay=True`` makes what the run emits readable by :meth:`follow` on any node."""
+        ``relay=True`` makes what the run emits readable by :meth:`follow` on any node. A run
+        started inside another run's code (its task, or tasks it started) is that run's child,
+        as one given a ``parent`` run id is (from any node): cancelling the parent cancels it,
+        and it never starts once the parent's cancel is accepted. ``detached`` starts no child."""
         spec = RunSpec(
             run_id=check.run_id(run_id),
             session=check.session(app_name, user_id, session_id),
-            metadata=check.metadata(metadata),
+            metadata=check.run_metadata(metadata),
             relay=relay,
+            parent=check.parent(parent, detached),
         )
         return RunScope(self._local, spec)
 
@@ -266,12 +276,18 @@ class CancelBus:
         user_id: str | None = None,
         session_id: str | None = None,
         metadata: dict[str, Any] | None = None,
+        parent: str | None = None,
+        detached: bool = False,
     ) -> RunInfo:
-        """Record a queued run (no owner yet); ``bus.run(run_id=...)`` on any node claims it."""
+        """Record a queued run (no owner yet); ``bus.run(run_id=...)`` on any node claims it.
+        Its parent as for :meth:`run`; a run that must never start (its parent's cancel was
+        accepted, a tombstone matches it) is recorded ``cancelled`` at once and returned so."""
         self._lifecycle.require_open()
         run_id = check.run_id(run_id)
         session = check.session(app_name, user_id, session_id)
-        code, run, detail = await self._store.enqueue_run(run_id, session, check.metadata(metadata))
+        code, run, detail = await self._store.enqueue_run(
+            run_id, session, check.run_metadata(metadata), check.parent(parent, detached)
+        )
         if code == "session_busy":
             assert session is not None
             raise SessionBusy(session, detail)
@@ -295,14 +311,17 @@ class CancelBus:
         cause: StopCause | str = StopCause.USER,
         wait: bool = True,
         timeout: float = 5.0,
+        descendants: bool = True,
     ) -> CancelResult:
         """Ask the run to stop, from any node. With ``wait``, return once its owner confirms
         (``cancelled``) or at ``timeout`` (``stopping``: recorded, it will still be honoured).
-        ``cause`` says who asks (``user``, ``client_disconnect``, ``node_shutdown``)."""
+        ``cause`` says who asks (``user``, ``client_disconnect``, ``node_shutdown``). With
+        ``descendants`` the runs started below it are cancelled too (cause ``parent``), deepest
+        first, and the answer holds one result per run of the tree."""
         validate_id(run_id, "run_id")
         target = run_target(run_id)
         return await self._cancel(
-            target, run_id, None, mode, reason, requested_by, cause, wait, timeout
+            target, run_id, None, mode, reason, requested_by, cause, wait, timeout, descendants
         )
 
     async def cancel_session(
@@ -317,14 +336,81 @@ class CancelBus:
         cause: StopCause | str = StopCause.USER,
         wait: bool = True,
         timeout: float = 5.0,
+        descendants: bool = True,
     ) -> CancelResult:
-        """Cancel the active run of a session key, wherever it runs."""
+        """Cancel the active run of a session key, wherever it runs (as :meth:`cancel`)."""
         session = check.session(app_name, user_id, session_id)
         assert session is not None
         target = session_target(session)
         return await self._cancel(
-            target, None, session, mode, reason, requested_by, cause, wait, timeout
+            target, None, session, mode, reason, requested_by, cause, wait, timeout, descendants
         )
+
+    async def cancel_where(
+        self,
+        *,
+        run_id: str | None = None,
+        app_name: str | None = None,
+        user_id: str | None = None,
+        session_id: str | None = None,
+        node_id: str | None = None,
+        metadata: dict[str, Any] | None = None,
+        started_before: float | None = None,
+        dry_run: bool = False,
+        ttl: float | None = None,
+        until: float | None = None,
+        mode: CancelMode | str = CancelMode.CHECKPOINT,
+        reason: str | None = None,
+        requested_by: str | None = None,
+        wait: bool = False,
+        timeout: float = 5.0,
+    ) -> SelectorResult:
+        """Cancel every active run matching all the criteria given (at least one; ``metadata``:
+        the run's metadata holds these keys and values; ``node_id``: its owner;
+        ``started_before``: a server-clock time), with its descendants. ``dry_run`` only
+        counts them. With ``ttl`` (seconds) or ``until`` (a server-clock time), a tombstone
+        also cancels matching runs started, claimed or queued until then (see
+        :meth:`tombstones`)."""
+        selector = check.selector(
+            run_id, app_name, user_id, session_id, node_id, metadata, started_before
+        )
+        hold = check.hold(ttl, until, self.clock())
+        checked_mode = check.mode(mode)
+        check.text(reason, "reason")
+        check.text(requested_by, "requested_by", limit=200)
+        check.timeout(timeout)
+        self._lifecycle.require_open()
+
+        async def cancel(matched: str) -> CancelResult:
+            return await self.cancel(
+                matched,
+                mode=checked_mode,
+                reason=reason,
+                requested_by=requested_by,
+                wait=wait,
+                timeout=timeout,
+            )
+
+        return await self._selections.cancel_where(
+            selector,
+            dry_run=dry_run,
+            hold=hold,
+            mode=checked_mode,
+            reason=reason,
+            requested_by=requested_by,
+            cancel=cancel,
+        )
+
+    async def tombstones(self) -> list[Tombstone]:
+        """The live tombstones of :meth:`cancel_where`, soonest to expire first."""
+        self._lifecycle.require_open()
+        return await self._selections.tombstones()
+
+    async def remove_tombstone(self, tombstone_id: str) -> bool:
+        """Lift a tombstone; False if it was not live."""
+        validate_id(tombstone_id, "tombstone_id")
+        self._lifecycle.require_open()
+        return await self._selections.remove_tombstone(tombstone_id)
 
     async def wait(self, run_id: str, timeout: float = 30.0) -> RunInfo | None:
         """Wait for a run to end (on any node); the run as it stands at the end or the timeout."""
@@ -401,6 +487,7 @@ class CancelBus:
         cause: StopCause | str,
         wait: bool,
         timeout: float,
+        descendants: bool,
     ) -> CancelResult:
         checked_mode, checked_cause = check.mode(mode), check.cause(cause)
         check.text(reason, "reason")
@@ -420,27 +507,47 @@ class CancelBus:
                     cause=checked_cause,
                     waiter=self.node_id if wait else "",
                     caller=self.node_id,
+                    tree=descendants,
                 )
         except TimeoutError as exc:
             raise BusUnavailable(
                 "no answer from Redis within the timeout; the cancel may not be recorded"
             ) from exc
         self.stats.cancels_requested += 1
-        run = answer.run
-        if answer.code != "stopping" or run is None:
-            return CancelResult(outcome=Outcome(answer.code), run=run)
+        nodes = [(answer.code, answer.run), *((code, run) for _, code, run in answer.descendants)]
+        for code, node in nodes:
+            if code == "stopping" and node is not None and node.cancel_request is not None:
+                self._accepted(node)
+        finals = await asyncio.gather(
+            *(self._end_of(code, node, wait, deadline) for code, node in nodes)
+        )
+        results = [
+            CancelResult(outcome=Outcome(code), run=node) if final is None else final
+            for (code, node), final in zip(nodes, finals, strict=True)
+        ]
+        root, below = results[0], results[1:]
+        if root.outcome is Outcome.CANCELLED and any(r.outcome is Outcome.STOPPING for r in below):
+            root = CancelResult(outcome=Outcome.STOPPING, run=root.run)  # not until they stop
+        return CancelResult(outcome=root.outcome, run=root.run, descendants=below)
+
+    def _accepted(self, run: RunInfo) -> None:
+        """A cancel this node had recorded: kept for recovery, and delivered at once if the
+        run is here (the owner was not sent a message)."""
         request = run.cancel_request
-        if request is not None:
-            self._recovery.accepted(run.run_id, request)
-            here = run.owner == self.node_id  # not published: the owner is this node
-            if here and self._local.deliver(run.run_id, request) is Delivery.DELIVERED:
-                self.stats.cancels_delivered += 1
-        if not wait:
-            return CancelResult(outcome=Outcome.STOPPING, run=run)
+        assert request is not None
+        self._recovery.accepted(run.run_id, request)
+        here = run.owner == self.node_id
+        if here and self._local.deliver(run.run_id, request) is Delivery.DELIVERED:
+            self.stats.cancels_delivered += 1
+
+    async def _end_of(
+        self, code: str, run: RunInfo | None, wait: bool, deadline: float
+    ) -> CancelResult | None:
+        """How a stopping run ended, if it did before the deadline (and the caller waits)."""
+        if code != "stopping" or run is None or not wait:
+            return None
         final = await self._waiters.until_end(run.run_id, deadline, self._store.get_run)
-        if final is None:
-            return CancelResult(outcome=Outcome.STOPPING, run=run)
-        return CancelResult(outcome=_outcome_of(final), run=final)
+        return None if final is None else CancelResult(outcome=_outcome_of(final), run=final)
 
     # -- internals ----------------------------------------------------------------------------
 

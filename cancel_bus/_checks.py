@@ -9,6 +9,7 @@ from typing import Any
 
 from ._errors import InvalidArgument
 from ._keys import validate_id
+from ._run import current_run
 from ._types import CancelMode, RunStatus, StopCause
 
 MAX_TEXT = 1000
@@ -42,7 +43,16 @@ def session(
     )
 
 
-def metadata(value: dict[str, Any] | None) -> dict[str, Any] | None:
+def parent(value: str | None, detached: bool) -> str | None:
+    """The parent of a run about to start: the one given, else the run whose code is starting
+    it (none if ``detached``)."""
+    if detached:
+        require(value is None, "a detached run has no parent")
+        return None
+    return current_run.get() if value is None else validate_id(value, "parent")
+
+
+def run_metadata(value: dict[str, Any] | None) -> dict[str, Any] | None:
     if value is None:
         return None
     if not isinstance(value, dict):
@@ -111,6 +121,60 @@ def limit(value: int) -> int:
         f"limit must be between 1 and {MAX_LIST_LIMIT}",
     )
     return value
+
+
+MAX_HOLD = 7 * 86400.0
+_SCALARS = (str, int, float, bool)
+
+
+def selector(
+    run_id: str | None,
+    app_name: str | None,
+    user_id: str | None,
+    session_id: str | None,
+    node_id: str | None,
+    metadata: dict[str, Any] | None,
+    started_before: float | None,
+) -> dict[str, Any]:
+    """A selector of runs: the fields given, at least one; metadata values are scalars."""
+    chosen: dict[str, Any] = {}
+    for what, value in (
+        ("run_id", run_id),
+        ("app_name", app_name),
+        ("user_id", user_id),
+        ("session_id", session_id),
+        ("node_id", node_id),
+    ):
+        if value is not None:
+            chosen[what] = validate_id(value, what)
+    if metadata is not None:
+        require(
+            isinstance(metadata, dict)
+            and all(isinstance(k, str) and isinstance(v, _SCALARS) for k, v in metadata.items()),
+            "a selector's metadata must map strings to strings, numbers or booleans",
+        )
+        chosen["metadata"] = run_metadata(metadata)
+    if started_before is not None:
+        require(
+            isinstance(started_before, int | float) and started_before > 0,
+            "started_before must be a time (seconds since the epoch)",
+        )
+        chosen["started_before"] = float(started_before)
+    require(bool(chosen), "a selector needs at least one criterion")
+    return chosen
+
+
+def hold(ttl: float | None, until: float | None, now: float) -> float | None:
+    """How long a tombstone holds later runs: ``ttl`` seconds, or ``until`` a time; or None."""
+    require(ttl is None or until is None, "give ttl or until, not both")
+    seconds = ttl if until is None else until - now
+    if seconds is None:
+        return None
+    require(
+        isinstance(seconds, int | float) and 0 < seconds <= MAX_HOLD,
+        "a tombstone holds for more than 0 s and at most 7 days",
+    )
+    return float(seconds)
 
 
 def signing_keys(signing_key: str | bytes | None, others: list[str | bytes]) -> list[bytes]:

@@ -65,6 +65,9 @@ KEY_TEMPLATES: dict[str, str] = {
     "node_runs": "node:{node_id}:runs",
     "node_pending": "node:{node_id}:pending",
     "channel": "chan:{node_id}",
+    "children": "kids:{run_id}",
+    "tombstones": "tombstones",
+    "tombstone": "tomb:{tombstone_id}",
 }
 _FIELD = re.compile(r"{(\w+)}")
 
@@ -141,6 +144,21 @@ class KeySpace:
     def channel(self, node_id: str) -> str:
         """The node's own pub/sub channel: cancels for its runs, finishes it waits for."""
         return self.name("channel", node_id=node_id)
+
+    def children(self, run_id: str) -> str:
+        """Set of the runs started as children of the run (a cancel of it cancels them)."""
+        return self.name("children", run_id=run_id)
+
+    @property
+    def tombstones(self) -> str:
+        """Sorted set of live tombstones by expiry (server clock): selector cancels that also
+        cancel matching runs started or queued later."""
+        return self.name("tombstones")
+
+    def tombstone(self, tombstone_id: str) -> str:
+        """Hash: a tombstone's selector (JSON), its request (mode, reason, requested_by, cause)
+        and its times."""
+        return self.name("tombstone", tombstone_id=tombstone_id)
 
 
 def lua_key_functions() -> str:

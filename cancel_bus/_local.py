@@ -166,7 +166,7 @@ class LocalRuns:
         self.starting += 1
         try:
             code, fields, detail = await self._store.start_run(
-                spec.run_id, node_id, epoch, spec.session, spec.metadata, spec.relay
+                spec.run_id, node_id, epoch, spec.session, spec.metadata, spec.relay, spec.parent
             )
         finally:
             self.starting -= 1
@@ -178,6 +178,8 @@ class LocalRuns:
             assert spec.session is not None
             raise SessionBusy(spec.session, detail)
         assert fields is not None
+        if code == "cancelled":  # its parent's cancel, or a tombstone: it never starts
+            raise RunCancelled(spec.run_id, RunInfo.from_redis(fields).cancel_request)
         if code == "exists":
             run = RunInfo.from_redis(fields)
             if run.status is RunStatus.CANCELLED and run.started_at is None:

@@ -13,6 +13,7 @@ import asyncio
 import json
 import logging
 from collections.abc import Callable
+from contextvars import ContextVar, Token
 from dataclasses import dataclass, replace
 from types import TracebackType
 from typing import Any, NoReturn, Protocol
@@ -39,12 +40,18 @@ class RunOwner(Protocol):
     def run_changed(self, state: RunState) -> None: ...
 
 
+# The run whose code is executing (set by its scope, seen by the tasks its code starts): a run
+# started there is its child, unless told otherwise.
+current_run: ContextVar[str | None] = ContextVar("cancel_bus_current_run", default=None)
+
+
 @dataclass(frozen=True, slots=True)
 class RunSpec:
     run_id: str
     session: tuple[str, str, str] | None
     metadata: dict[str, Any] | None
     relay: bool
+    parent: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -416,11 +423,13 @@ class RunScope:
         self._owner = owner
         self._spec = spec
         self._handle: RunHandle | None = None
+        self._current: Token[str | None] | None = None
 
     async def __aenter__(self) -> RunHandle:
         handle = await self._owner.start_run(self._spec)
         handle._state.bind_task(asyncio.current_task())
         self._handle = handle
+        self._current = current_run.set(handle.run_id)
         return handle
 
     async def __aexit__(
@@ -430,7 +439,8 @@ class RunScope:
         tb: TracebackType | None,
     ) -> bool:
         handle = self._handle
-        assert handle is not None, "the run scope was not entered"
+        assert handle is not None and self._current is not None, "the run scope was not entered"
+        current_run.reset(self._current)
         state = handle._state
         ending, suppress = state.settle(exc, self._owner.clock())
         await asyncio.shield(self._owner.finish_run(state, ending))

@@ -31,10 +31,12 @@ scripts answer ``{notices, reply}``.
 from __future__ import annotations
 
 from ._keys import lua_key_functions
-from ._messages import SESSION_TARGET_PREFIX
+from ._messages import RUN_TARGET_PREFIX, SESSION_TARGET_PREFIX
 from ._types import ACTIVE_STATUSES, CancelMode
 
 EVENTS_MAX = 1000
+MAX_DESCENDANTS = 1000  # runs of a tree one cancel reaches below its root
+MAX_TOMBSTONES = 1000  # live tombstones of a namespace
 RELAY_MAX = 10000
 NOTIFY_RUN_MAX_BYTES = 16384
 
@@ -46,6 +48,7 @@ local NOW = string.format('%d.%06d', tonumber(T[1]), tonumber(T[2]))
 local ACTIVE = __ACTIVE__
 local STRENGTH = __STRENGTH__
 local SESSION_PREFIX = '__SESSION_PREFIX__'
+local RUN_PREFIX = '__RUN_PREFIX__'
 __KEY_FUNCTIONS__
 local NOTICES = {}
 local function reply(r) return {NOTICES, r} end  -- the answer of a script that may notify
@@ -153,6 +156,7 @@ local function finalize(run_id, status, end_reason, fields, retention_ms, pub)
   redis.call('PEXPIRE', rk, retention_ms)
   redis.call('PEXPIRE', key_events(run_id), retention_ms)
   redis.call('PEXPIRE', key_relay(run_id), retention_ms)
+  redis.call('PEXPIRE', key_children(run_id), retention_ms)
   local wk = key_waiters(run_id)
   local waiters = redis.call('SMEMBERS', wk)
   if #waiters > 0 then
@@ -177,6 +181,129 @@ local function resolve_owner_lost(run_id, retention_ms, pub)
   finalize(run_id, status, 'owner_lost',
     {'error', 'owner_lost: node ' .. tostring(st[3]) .. ' lost its lease'}, retention_ms, pub)
   return true
+end
+
+-- Records a cancel of one run and tells its owner (first request wins, a stronger mode
+-- escalates; queued or waiting: cancelled at once; owner gone: resolved owner_lost); the message
+-- is bound to the owner (node and epoch) and to the run. -> {code, run fields, receivers}
+local function cancel_one(run_id, target, mode, reason, by, cause, waiter, caller, retention_ms,
+    pub)
+  local rk = key_run(run_id)
+  local cur = redis.call('HMGET', rk, 'status', 'owner', 'cancel_requested_at', 'cancel_mode',
+    'epoch')
+  local st = cur[1]
+  if not st then return {'not_found', {}, -1} end
+  if not ACTIVE[st] then return {'already_finished', redis.call('HGETALL', rk), -1} end
+  if not cur[3] then
+    local fields = {'cancel_requested_at', NOW, 'cancel_mode', mode, 'cancel_cause', cause}
+    if reason ~= '' then table.insert(fields, 'cancel_reason'); table.insert(fields, reason) end
+    if by ~= '' then table.insert(fields, 'requested_by'); table.insert(fields, by) end
+    redis.call('HSET', rk, unpack(fields))
+    add_event(run_id, 'run.cancel_requested',
+      {mode = mode, cause = cause, reason = meta_or_nil(reason), requested_by = meta_or_nil(by)})
+  elseif STRENGTH[mode] > STRENGTH[cur[4]] then
+    redis.call('HSET', rk, 'cancel_mode', mode)
+    add_event(run_id, 'run.cancel_escalated',
+      {from = cur[4], to = mode, requested_by = meta_or_nil(by)})
+  end
+  local meta = redis.call('HMGET', rk, 'cancel_mode', 'cancel_requested_at', 'cancel_reason',
+    'requested_by', 'cancel_cause')
+  local owner = cur[2]
+  local message = {k = 'cancel', r = run_id, tg = target, m = mode, em = meta[1], at = meta[2],
+    reason = meta[3] or nil, by = meta[4] or nil, c = meta[5] or nil, to = owner, ep = cur[5]}
+  if st ~= 'running' then
+    if owner and owner ~= caller then notify(pub, owner, message) end
+    finalize(run_id, 'cancelled', 'cancelled', {}, retention_ms, pub)
+    return {'cancelled', redis.call('HGETALL', rk), -1}
+  end
+  if not node_alive(owner, nil) then
+    resolve_owner_lost(run_id, retention_ms, pub)
+    return {'owner_lost', redis.call('HGETALL', rk), -1}
+  end
+  redis.call('HSET', key_node_pending(owner), run_id, meta[1])
+  if waiter ~= '' then redis.call('SADD', key_waiters(run_id), waiter) end
+  local receivers = -1
+  if owner ~= caller then receivers = notify(pub, owner, message) end
+  return {'stopping', redis.call('HGETALL', rk), receivers}
+end
+
+-- The runs started below `run_id` (children, their children...), deepest first, at most
+-- __MAX_DESCENDANTS__.
+local function descendants(run_id)
+  local levels, frontier, seen, count = {}, {run_id}, {[run_id] = true}, 0
+  while #frontier > 0 and count < __MAX_DESCENDANTS__ do
+    local level = {}
+    for _, id in ipairs(frontier) do
+      for _, kid in ipairs(redis.call('SMEMBERS', key_children(id))) do
+        if not seen[kid] and count < __MAX_DESCENDANTS__ then
+          seen[kid] = true
+          count = count + 1
+          table.insert(level, kid)
+        end
+      end
+    end
+    table.insert(levels, level)
+    frontier = level
+  end
+  local deepest_first = {}
+  for i = #levels, 1, -1 do
+    for _, id in ipairs(levels[i]) do table.insert(deepest_first, id) end
+  end
+  return deepest_first
+end
+
+-- Whether a run (a table of its fields) matches a selector: each field the selector names is
+-- equal (node_id: its owner), its metadata holds the selector's (scalar values), and it started
+-- before `started_before` (server clock) if given. Python's Selector is the other side.
+local function selector_matches(sel, r)
+  for _, k in ipairs({'run_id', 'app_name', 'user_id', 'session_id'}) do
+    if sel[k] ~= nil and sel[k] ~= r[k] then return false end
+  end
+  if sel.node_id ~= nil and sel.node_id ~= r.owner then return false end
+  if sel.started_before ~= nil then
+    local started = tonumber(r.started_at or r.created_at or NOW)  -- a new run: now
+    if started >= sel.started_before then return false end
+  end
+  if sel.metadata ~= nil then
+    if not r.metadata then return false end
+    local md = cjson.decode(r.metadata)
+    for k, v in pairs(sel.metadata) do
+      if md[k] ~= v then return false end
+    end
+  end
+  return true
+end
+
+-- The request a new run inherits if it must never start: its parent's accepted cancel (cause
+-- 'parent'), or that of a live tombstone it matches; nil if it may start.
+local function inherited_cancel(r)
+  if r.parent then
+    local p = redis.call('HMGET', key_run(r.parent), 'cancel_requested_at', 'cancel_mode',
+      'cancel_reason', 'requested_by')
+    if p[1] then return {mode = p[2], reason = p[3], by = p[4], cause = 'parent'} end
+  end
+  redis.call('ZREMRANGEBYSCORE', key_tombstones(), '-inf', fmt(NOW_S))
+  for _, id in ipairs(redis.call('ZRANGE', key_tombstones(), 0, __MAX_TOMBSTONES__ - 1)) do
+    local t = redis.call('HMGET', key_tombstone(id), 'selector', 'mode', 'reason',
+      'requested_by', 'cause')
+    if t[1] and selector_matches(cjson.decode(t[1]), r) then
+      return {mode = t[2], reason = t[3], by = t[4], cause = t[5], tombstone = id}
+    end
+  end
+  return nil
+end
+
+-- A new run that must never start (see inherited_cancel): recorded, cancelled at once.
+local function born_cancelled(rk, r, req, retention_ms)
+  for k, v in pairs(r) do redis.call('HSET', rk, k, v) end
+  redis.call('HSET', rk, 'status', 'queued', 'created_at', NOW, 'cancel_requested_at', NOW,
+    'cancel_mode', req.mode, 'cancel_cause', req.cause)
+  if req.reason then redis.call('HSET', rk, 'cancel_reason', req.reason) end
+  if req.by then redis.call('HSET', rk, 'requested_by', req.by) end
+  add_event(r.run_id, 'run.cancel_requested', {mode = req.mode, cause = req.cause,
+    reason = req.reason or nil, requested_by = req.by or nil, tombstone = req.tombstone})
+  finalize(r.run_id, 'cancelled', 'cancelled', {}, retention_ms, '')
+  return redis.call('HGETALL', rk)
 end
 
 -- Resolves up to `budget` runs of a node that is gone; once none is left, forgets the node.
@@ -207,15 +334,23 @@ def _lua_table(entries: dict[str, object]) -> str:
     return "{" + ", ".join(f"{name} = {value}" for name, value in sorted(entries.items())) + "}"
 
 
-PRELUDE = (
-    _PRELUDE_TEMPLATE.replace("__EVENTS_MAX__", str(EVENTS_MAX))
-    .replace("__RELAY_MAX__", str(RELAY_MAX))
-    .replace("__NOTIFY_RUN_MAX_BYTES__", str(NOTIFY_RUN_MAX_BYTES))
-    .replace("__ACTIVE__", _lua_table({status.value: "true" for status in ACTIVE_STATUSES}))
-    .replace("__STRENGTH__", _lua_table({mode.value: mode.strength for mode in CancelMode}))
-    .replace("__SESSION_PREFIX__", SESSION_TARGET_PREFIX)
-    .replace("__KEY_FUNCTIONS__", lua_key_functions())
-)
+def _fill(template: str) -> str:
+    """The template with the constants it names put in."""
+    return (
+        template.replace("__EVENTS_MAX__", str(EVENTS_MAX))
+        .replace("__RELAY_MAX__", str(RELAY_MAX))
+        .replace("__NOTIFY_RUN_MAX_BYTES__", str(NOTIFY_RUN_MAX_BYTES))
+        .replace("__ACTIVE__", _lua_table({status.value: "true" for status in ACTIVE_STATUSES}))
+        .replace("__STRENGTH__", _lua_table({mode.value: mode.strength for mode in CancelMode}))
+        .replace("__SESSION_PREFIX__", SESSION_TARGET_PREFIX)
+        .replace("__RUN_PREFIX__", RUN_TARGET_PREFIX)
+        .replace("__MAX_DESCENDANTS__", str(MAX_DESCENDANTS))
+        .replace("__MAX_TOMBSTONES__", str(MAX_TOMBSTONES))
+        .replace("__KEY_FUNCTIONS__", lua_key_functions())
+    )
+
+
+PRELUDE = _fill(_PRELUDE_TEMPLATE)
 
 
 # Every script runs in batches: ARGV[1] is a JSON list of calls, each [keys, args]; the body
@@ -232,7 +367,7 @@ return answers
 
 
 def _script(body: str) -> str:
-    return PRELUDE + BATCH_HEAD + body.strip("\n") + BATCH_TAIL
+    return PRELUDE + BATCH_HEAD + _fill(body).strip("\n") + BATCH_TAIL
 
 
 # KEYS[1] nodes zset, KEYS[2] node hash
@@ -320,63 +455,97 @@ return reply({'ok', resolved, 1})
 
 # KEYS[1] run hash
 # ARGV[1] run_id, ARGV[2] node_id, ARGV[3] epoch, ARGV[4] app_name, ARGV[5] user_id,
-# ARGV[6] session_id ('' x3: no session key), ARGV[7] metadata json or '', ARGV[8] relay (0/1)
+# ARGV[6] session_id ('' x3: no session key), ARGV[7] metadata json or '', ARGV[8] relay (0/1),
+# ARGV[9] parent run id or '', ARGV[10] retention_ms, ARGV[11] pub command
 # A queued run of that id is claimed — with a session key, only if it is the run's own; otherwise
 # the id must be new (ids are never reused), or this very start retried (same owner, session).
-# -> {'ok', run fields} | {'fenced'} | {'missing'} (Redis forgot the node: retry after it
-#    re-registers) | {'exists', run fields} | {'session_busy', run_id}
+# A run whose parent has an accepted cancel, or that a live tombstone matches, never starts: it
+# is recorded cancelled at once (so is a queued one being claimed).
+# -> {notices, {'ok', run fields} | {'fenced'} | {'missing'} (Redis forgot the node: retry after
+#    it re-registers) | {'exists', run fields} | {'session_busy', run_id}
+#    | {'cancelled', run fields} (it must not start)}
 START_RUN = _script("""
 local rk = KEYS[1]
 local run_id, node_id, epoch = ARGV[1], ARGV[2], ARGV[3]
 local app, user, sess, metadata, relay = ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8]
+local parent, retention_ms, pub = ARGV[9], tonumber(ARGV[10]), ARGV[11]
 local ns = node_state(node_id, epoch)
-if ns ~= 'alive' then return {ns == 'missing' and 'missing' or 'fenced'} end
+if ns ~= 'alive' then return reply({ns == 'missing' and 'missing' or 'fenced'}) end
 local cur = redis.call('HMGET', rk, 'status', 'owner', 'epoch', 'app_name', 'user_id',
   'session_id')
 local own_session = app == '' or (cur[4] == app and cur[5] == user and cur[6] == sess)
 if cur[1] == 'queued' and own_session then
+  local queued = hash_to_table(redis.call('HGETALL', rk))
+  queued.owner = node_id
+  local req = inherited_cancel(queued)
+  if req then
+    cancel_one(run_id, RUN_PREFIX .. run_id, req.mode, req.reason or '', req.by or '', req.cause,
+      '', node_id, retention_ms, pub)
+    return reply({'cancelled', redis.call('HGETALL', rk)})
+  end
   redis.call('HSET', rk, 'status', 'running', 'owner', node_id, 'epoch', epoch,
     'started_at', NOW)
   if relay == '1' then redis.call('HSET', rk, 'relay', '1') end
   redis.call('SADD', key_node_runs(node_id), run_id)
-  return {'ok', redis.call('HGETALL', rk)}
+  return reply({'ok', redis.call('HGETALL', rk)})
 end
 if cur[1] == 'running' and cur[2] == node_id and cur[3] == epoch and own_session then
-  return {'ok', redis.call('HGETALL', rk)}  -- a retried call
+  return reply({'ok', redis.call('HGETALL', rk)})  -- a retried call
 end
-if cur[1] then return {'exists', redis.call('HGETALL', rk)} end
+if cur[1] then return reply({'exists', redis.call('HGETALL', rk)}) end
+local r = {run_id = run_id, owner = node_id}
+if app ~= '' then r.app_name, r.user_id, r.session_id = app, user, sess end
+if metadata ~= '' then r.metadata = metadata end
+if parent ~= '' then r.parent = parent end
+local req = inherited_cancel(r)
+if req then
+  r.owner = nil  -- it never ran
+  if parent ~= '' then redis.call('SADD', key_children(parent), run_id) end
+  return reply({'cancelled', born_cancelled(rk, r, req, retention_ms)})
+end
 if app ~= '' then
   local holder = session_holder(app, user, sess)
-  if holder and holder ~= run_id then return {'session_busy', holder} end
+  if holder and holder ~= run_id then return reply({'session_busy', holder}) end
   redis.call('SET', key_session(app, user, sess), run_id)
-  redis.call('HSET', rk, 'app_name', app, 'user_id', user, 'session_id', sess)
 end
-if metadata ~= '' then redis.call('HSET', rk, 'metadata', metadata) end
-redis.call('HSET', rk, 'run_id', run_id, 'status', 'running', 'owner', node_id, 'epoch', epoch,
-  'created_at', NOW, 'started_at', NOW)
+if parent ~= '' then redis.call('SADD', key_children(parent), run_id) end
+for k, v in pairs(r) do redis.call('HSET', rk, k, v) end
+redis.call('HSET', rk, 'status', 'running', 'epoch', epoch, 'created_at', NOW, 'started_at', NOW)
 if relay == '1' then redis.call('HSET', rk, 'relay', '1') end
 redis.call('ZADD', key_active(), NOW, run_id)
 redis.call('SADD', key_node_runs(node_id), run_id)
-return {'ok', redis.call('HGETALL', rk)}
+return reply({'ok', redis.call('HGETALL', rk)})
 """)
 
 # KEYS[1] run hash
 # ARGV[1] run_id, ARGV[2] app_name, ARGV[3] user_id, ARGV[4] session_id ('' x3: none),
-# ARGV[5] metadata json or ''
-# -> {'ok', run fields} | {'exists', status} | {'session_busy', run_id}
+# ARGV[5] metadata json or '', ARGV[6] parent run id or '', ARGV[7] retention_ms
+# A run whose parent has an accepted cancel, or that a live tombstone matches, is recorded
+# cancelled at once: it never starts.
+# -> {'ok', run fields} | {'exists', status} | {'session_busy', run_id} | {'cancelled', fields}
 ENQUEUE_RUN = _script("""
 local rk = KEYS[1]
 local run_id, app, user, sess, metadata = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
+local parent, retention_ms = ARGV[6], tonumber(ARGV[7])
 local st = redis.call('HGET', rk, 'status')
 if st then return {'exists', st} end
+local r = {run_id = run_id}
+if app ~= '' then r.app_name, r.user_id, r.session_id = app, user, sess end
+if metadata ~= '' then r.metadata = metadata end
+if parent ~= '' then r.parent = parent end
+local req = inherited_cancel(r)
+if req then
+  if parent ~= '' then redis.call('SADD', key_children(parent), run_id) end
+  return {'cancelled', born_cancelled(rk, r, req, retention_ms)}
+end
 if app ~= '' then
   local holder = session_holder(app, user, sess)
   if holder and holder ~= run_id then return {'session_busy', holder} end
   redis.call('SET', key_session(app, user, sess), run_id)
-  redis.call('HSET', rk, 'app_name', app, 'user_id', user, 'session_id', sess)
 end
-if metadata ~= '' then redis.call('HSET', rk, 'metadata', metadata) end
-redis.call('HSET', rk, 'run_id', run_id, 'status', 'queued', 'created_at', NOW)
+if parent ~= '' then redis.call('SADD', key_children(parent), run_id) end
+for k, v in pairs(r) do redis.call('HSET', rk, k, v) end
+redis.call('HSET', rk, 'status', 'queued', 'created_at', NOW)
 redis.call('ZADD', key_active(), NOW, run_id)
 return {'ok', redis.call('HGETALL', rk)}
 """)
@@ -385,61 +554,37 @@ return {'ok', redis.call('HGETALL', rk)}
 # ARGV[1] target ('run:<id>' or 'session:<app>:<user>:<session>'), ARGV[2] run_id ('' for session),
 # ARGV[3] mode, ARGV[4] reason, ARGV[5] requested_by, ARGV[6] waiter node ('' = no wait),
 # ARGV[7] caller node, ARGV[8] retention_ms, ARGV[9] pub command, ARGV[10] cause (who asked:
-# user | client_disconnect | node_shutdown)
-# The owner is told on its channel, in a message bound to it (its node id and epoch) and to the
-# run the target resolved to — not when the caller is the owner: it sets the token itself.
-# -> {notices, {'not_found'} | {'already_finished', fields} | {'cancelled', fields}
-#    | {'owner_lost', fields} | {'stopping', fields, receivers (-1: not published here)}}
+# user | client_disconnect | node_shutdown | parent), ARGV[11] tree ('1': its descendants too)
+# The target's run, and with `tree` every run started below it (cause 'parent'), deepest first:
+# each as cancel_one does it. The owner is told on its channel, in a message bound to it (its
+# node id and epoch) and to the run — not when the caller is the owner: it sets the token itself.
+# -> {notices, {'not_found'} | {code, fields, receivers (-1: not published here),
+#    {{run_id, code, fields}, ...} (the descendants)}}, code: already_finished | cancelled
+#    | owner_lost | stopping
 REQUEST_CANCEL = _script("""
 local target_key = KEYS[1]
 local target, run_id, mode, reason, by = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local waiter, caller = ARGV[6], ARGV[7]
-local retention_ms, pub, cause = tonumber(ARGV[8]), ARGV[9], ARGV[10]
+local retention_ms, pub, cause, tree = tonumber(ARGV[8]), ARGV[9], ARGV[10], ARGV[11]
 local by_session = string.sub(target, 1, #SESSION_PREFIX) == SESSION_PREFIX
 if by_session then
   run_id = redis.call('GET', target_key)
   if not run_id then return reply({'not_found'}) end
 end
-local rk = key_run(run_id)
-local cur = redis.call('HMGET', rk, 'status', 'owner', 'cancel_requested_at', 'cancel_mode',
-  'epoch')
-local st = cur[1]
-if not st then return reply({'not_found'}) end
-if not ACTIVE[st] then
-  if by_session then return reply({'not_found'}) end  -- a session has no *active* run
-  return reply({'already_finished', redis.call('HGETALL', rk)})
+local st = redis.call('HGET', key_run(run_id), 'status')
+if (not st) or (by_session and not ACTIVE[st]) then  -- a session has no *active* run
+  return reply({'not_found'})
 end
-if not cur[3] then
-  local fields = {'cancel_requested_at', NOW, 'cancel_mode', mode, 'cancel_cause', cause}
-  if reason ~= '' then table.insert(fields, 'cancel_reason'); table.insert(fields, reason) end
-  if by ~= '' then table.insert(fields, 'requested_by'); table.insert(fields, by) end
-  redis.call('HSET', rk, unpack(fields))
-  add_event(run_id, 'run.cancel_requested',
-    {mode = mode, cause = cause, reason = meta_or_nil(reason), requested_by = meta_or_nil(by)})
-elseif STRENGTH[mode] > STRENGTH[cur[4]] then
-  redis.call('HSET', rk, 'cancel_mode', mode)
-  add_event(run_id, 'run.cancel_escalated',
-    {from = cur[4], to = mode, requested_by = meta_or_nil(by)})
+local below = {}
+if tree == '1' then
+  for _, kid in ipairs(descendants(run_id)) do
+    local a = cancel_one(kid, RUN_PREFIX .. kid, mode, reason, by, 'parent', waiter, caller,
+      retention_ms, pub)
+    table.insert(below, {kid, a[1], a[2]})
+  end
 end
-local meta = redis.call('HMGET', rk, 'cancel_mode', 'cancel_requested_at', 'cancel_reason',
-  'requested_by', 'cancel_cause')
-local owner = cur[2]
-local message = {k = 'cancel', r = run_id, tg = target, m = mode, em = meta[1], at = meta[2],
-  reason = meta[3] or nil, by = meta[4] or nil, c = meta[5] or nil, to = owner, ep = cur[5]}
-if st ~= 'running' then
-  if owner and owner ~= caller then notify(pub, owner, message) end
-  finalize(run_id, 'cancelled', 'cancelled', {}, retention_ms, pub)
-  return reply({'cancelled', redis.call('HGETALL', rk)})
-end
-if not node_alive(owner, nil) then
-  resolve_owner_lost(run_id, retention_ms, pub)
-  return reply({'owner_lost', redis.call('HGETALL', rk)})
-end
-redis.call('HSET', key_node_pending(owner), run_id, meta[1])
-if waiter ~= '' then redis.call('SADD', key_waiters(run_id), waiter) end
-local receivers = -1
-if owner ~= caller then receivers = notify(pub, owner, message) end
-return reply({'stopping', redis.call('HGETALL', rk), receivers})
+local a = cancel_one(run_id, target, mode, reason, by, cause, waiter, caller, retention_ms, pub)
+return reply({a[1], a[2], a[3], below})
 """)
 
 # KEYS[1] run hash
@@ -613,8 +758,63 @@ add_event(run_id, 'run.reasserted', {owner = node_id})
 return {'recreated'}
 """)
 
+# KEYS[1] active zset
+# ARGV[1] selector (JSON, see selector_matches), ARGV[2] offset, ARGV[3] count
+# Read-only: the active runs (queued, running, waiting) among `count` of the active index from
+# `offset` (newest first) that match the selector.
+# -> {next offset (-1: the index ends), {run_id, ...}}
+SELECT_RUNS = _script("""
+local active = KEYS[1]
+local selector, offset, count = cjson.decode(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local ids = redis.call('ZRANGE', active, offset, offset + count - 1, 'REV')
+local matched = {}
+for _, id in ipairs(ids) do
+  local r = hash_to_table(redis.call('HGETALL', key_run(id)))
+  if r.status and ACTIVE[r.status] and selector_matches(selector, r) then
+    table.insert(matched, id)
+  end
+end
+if #ids < count then return {-1, matched} end
+return {offset + count, matched}
+""")
+
+# KEYS[1] tombstones zset
+# ARGV[1] tombstone id, ARGV[2] selector (JSON), ARGV[3] mode, ARGV[4] reason, ARGV[5]
+# requested_by, ARGV[6] cause, ARGV[7] ttl_ms
+# A hold on later runs: until it expires, a run started, claimed or queued that matches the
+# selector is recorded cancelled with this request (inherited_cancel).
+# -> {'ok', expires_at} | {'full'} (__MAX_TOMBSTONES__ live already)
+ADD_TOMBSTONE = _script("""
+local tombstones = KEYS[1]
+local id, selector, mode, reason, by = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
+local cause, ttl_ms = ARGV[6], tonumber(ARGV[7])
+redis.call('ZREMRANGEBYSCORE', tombstones, '-inf', fmt(NOW_S))
+if redis.call('ZCARD', tombstones) >= __MAX_TOMBSTONES__ then return {'full'} end
+local expires = fmt(NOW_S + ttl_ms / 1000)
+local tk = key_tombstone(id)
+redis.call('HSET', tk, 'tombstone_id', id, 'selector', selector, 'mode', mode, 'cause', cause,
+  'created_at', NOW, 'expires_at', expires)
+if reason ~= '' then redis.call('HSET', tk, 'reason', reason) end
+if by ~= '' then redis.call('HSET', tk, 'requested_by', by) end
+redis.call('PEXPIRE', tk, ttl_ms)
+redis.call('ZADD', tombstones, expires, id)
+return {'ok', expires}
+""")
+
+# KEYS[1] tombstones zset
+# ARGV[1] tombstone id
+# -> 1 if it was live, else 0
+REMOVE_TOMBSTONE = _script("""
+local tombstones = KEYS[1]
+local id = ARGV[1]
+redis.call('DEL', key_tombstone(id))
+return redis.call('ZREM', tombstones, id)
+""")
+
 # The scripts that may notify nodes: they answer {notices, reply} (see the module docstring).
-NOTIFYING = frozenset({"register_node", "reap", "leave_node", "request_cancel", "finish_run"})
+NOTIFYING = frozenset(
+    {"register_node", "reap", "leave_node", "start_run", "request_cancel", "finish_run"}
+)
 
 ALL_SCRIPTS = {
     "register_node": REGISTER_NODE,
@@ -629,4 +829,7 @@ ALL_SCRIPTS = {
     "set_waiting": SET_WAITING,
     "add_waiter": ADD_WAITER,
     "reassert_run": REASSERT_RUN,
+    "select_runs": SELECT_RUNS,
+    "add_tombstone": ADD_TOMBSTONE,
+    "remove_tombstone": REMOVE_TOMBSTONE,
 }

@@ -9,7 +9,7 @@ import asyncio
 import json
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal, cast
 
 from redis.asyncio import Redis
@@ -21,7 +21,16 @@ from ._keys import KeySpace
 from ._messages import MessageSigner, decode
 from ._redis import translated
 from ._scripts import ALL_SCRIPTS, NOTIFYING
-from ._types import ACTIVE_STATUSES, CancelMode, NodeInfo, RunEvent, RunInfo, RunStatus, StopCause
+from ._types import (
+    ACTIVE_STATUSES,
+    CancelMode,
+    NodeInfo,
+    RunEvent,
+    RunInfo,
+    RunStatus,
+    StopCause,
+    Tombstone,
+)
 
 log = logging.getLogger("cancel_bus")
 
@@ -42,6 +51,7 @@ class CancelAnswer:
     code: str
     run: RunInfo | None
     receivers: int = -1
+    descendants: list[tuple[str, str, RunInfo | None]] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,26 +178,22 @@ class RunStore:
         session: tuple[str, str, str] | None,
         metadata: dict[str, Any] | None,
         relay: bool,
+        parent: str | None = None,
     ) -> tuple[str, dict[str, str] | None, str]:
         """-> (code, the run's fields, detail); code is ok | fenced | missing | exists (with the
         run: taken, or queued for another session) | session_busy (detail: the active run's
-        id). The fields are parsed by whoever needs them (most runs never do)."""
+        id) | cancelled (with the run: it must not start — its parent's cancel, a tombstone).
+        The fields are parsed by whoever needs them (most runs never do)."""
         app, user, sess = session or ("", "", "")
-        reply = await self._eval(
+        reply, _ = await self._eval_notifying(
             "start_run",
             [self.keys.run(run_id)],
             [
-                run_id,
-                node_id,
-                epoch,
-                app,
-                user,
-                sess,
-                _json_or_empty(metadata),
-                "1" if relay else "0",
+                run_id, node_id, epoch, app, user, sess, _json_or_empty(metadata),
+                "1" if relay else "0", parent or "", self.retention_ms, self._script_pub,
             ],
-        )
-        if reply[0] in ("ok", "exists"):
+        )  # fmt: skip
+        if reply[0] in ("ok", "exists", "cancelled"):
             return reply[0], _fields(reply[1]), ""
         return reply[0], None, reply[1] if len(reply) > 1 else ""
 
@@ -196,16 +202,21 @@ class RunStore:
         run_id: str,
         session: tuple[str, str, str] | None,
         metadata: dict[str, Any] | None,
+        parent: str | None = None,
     ) -> tuple[str, RunInfo | None, str]:
-        """-> (code, run, detail); code is ok | exists | session_busy."""
+        """-> (code, run, detail); code is ok | exists | session_busy | cancelled (with the run,
+        recorded cancelled at once: its parent's cancel, a tombstone)."""
         app, user, sess = session or ("", "", "")
         reply = await self._eval(
             "enqueue_run",
             [self.keys.run(run_id)],
-            [run_id, app, user, sess, _json_or_empty(metadata)],
-        )
-        if reply[0] == "ok":
-            return "ok", RunInfo.from_redis(_fields(reply[1])), ""
+            [
+                run_id, app, user, sess, _json_or_empty(metadata), parent or "",
+                self.retention_ms,
+            ],
+        )  # fmt: skip
+        if reply[0] in ("ok", "cancelled"):
+            return reply[0], RunInfo.from_redis(_fields(reply[1])), ""
         return reply[0], None, reply[1]
 
     async def request_cancel(
@@ -220,7 +231,10 @@ class RunStore:
         cause: StopCause,
         waiter: str,
         caller: str,
+        tree: bool = True,
     ) -> CancelAnswer:
+        """The run (or the session's active run) and, with ``tree``, every run started below it:
+        cancel requests recorded, owners told. The answer lists the descendants deepest first."""
         key = self.keys.run(run_id) if run_id is not None else self.keys.session(*session or ())
         reply, sent = await self._eval_notifying(
             "request_cancel",
@@ -236,11 +250,15 @@ class RunStore:
                 self.retention_ms,
                 self._script_pub,
                 cause.value,
+                "1" if tree else "0",
             ],
         )
-        run = RunInfo.from_redis(_fields(reply[1])) if len(reply) > 1 else None
-        receivers = int(reply[2]) if len(reply) > 2 else -1
-        return CancelAnswer(reply[0], run, sent.get("cancel", receivers))
+        if len(reply) == 1:
+            return CancelAnswer(reply[0], None)
+        below = [(str(kid), str(code), _run_or_none(fields)) for kid, code, fields in reply[3]]
+        return CancelAnswer(
+            reply[0], _run_or_none(reply[1]), sent.get("cancel", int(reply[2])), below
+        )
 
     async def finish_run(
         self,
@@ -344,6 +362,57 @@ class RunStore:
             [run_id, node_id, epoch, json.dumps(record)],
         )
         return reply[0], reply[1] if len(reply) > 1 else ""
+
+    # -- selectors and tombstones -------------------------------------------------------------
+
+    async def select_runs(self, selector: dict[str, Any]) -> list[str]:
+        """The active runs matching ``selector`` (newest first), a page of the index per call."""
+        matched: list[str] = []
+        offset = 0
+        encoded = json.dumps(selector, separators=(",", ":"))
+        while offset >= 0:
+            reply = await self._eval(
+                "select_runs", [self.keys.active], [encoded, str(offset), str(_LIST_PAGE)]
+            )
+            offset = int(reply[0])
+            matched += reply[1]
+        return matched
+
+    async def add_tombstone(
+        self,
+        tombstone_id: str,
+        selector: dict[str, Any],
+        mode: CancelMode,
+        reason: str | None,
+        requested_by: str | None,
+        cause: StopCause,
+        ttl: float,
+    ) -> bool:
+        """Hold later runs matching ``selector`` for ``ttl`` seconds; False if too many are."""
+        reply = await self._eval(
+            "add_tombstone",
+            [self.keys.tombstones],
+            [
+                tombstone_id, json.dumps(selector, separators=(",", ":")), mode.value,
+                reason or "", requested_by or "", cause.value, _ms(ttl),
+            ],
+        )  # fmt: skip
+        return bool(reply[0] == "ok")
+
+    async def remove_tombstone(self, tombstone_id: str) -> bool:
+        return bool(await self._eval("remove_tombstone", [self.keys.tombstones], [tombstone_id]))
+
+    async def tombstones(self) -> list[Tombstone]:
+        """The live tombstones, soonest to expire first."""
+        with translated("tombstones"):
+            ids = cast(
+                list[str], await self.redis.zrangebyscore(self.keys.tombstones, "(0", "+inf")
+            )
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for tombstone_id in ids:
+                    pipe.hgetall(self.keys.tombstone(tombstone_id))
+                rows: list[dict[str, str]] = await pipe.execute()
+        return [_tombstone(row) for row in rows if row]
 
     # -- reads --------------------------------------------------------------------------------
 
@@ -560,6 +629,14 @@ def _matches(
 
 def _json_or_empty(value: dict[str, Any] | None) -> str:
     return "" if value is None else json.dumps(value, separators=(",", ":"))
+
+
+def _tombstone(fields: dict[str, str]) -> Tombstone:
+    return Tombstone.model_validate({**fields, "selector": json.loads(fields["selector"])})
+
+
+def _run_or_none(flat: Sequence[str]) -> RunInfo | None:
+    return RunInfo.from_redis(_fields(flat)) if flat else None
 
 
 def _lease_clock(clock: list[str | None], now: float) -> float:

@@ -60,13 +60,14 @@ class Outcome(StrEnum):
 
 
 class StopCause(StrEnum):
-    """Why a run was told to stop. The first three are cancel requests, recorded in Redis (the
+    """Why a run was told to stop. The first four are cancel requests, recorded in Redis (the
     run ends ``cancelled``); the last two are its node stopping it without anyone asking (the
     run ends ``failed``, with the cause as its ``end_reason``)."""
 
     USER = "user"  # a caller asked: the library, the HTTP API, the CLI, an adapter
     CLIENT_DISCONNECT = "client_disconnect"  # the client streaming the run went away
     NODE_SHUTDOWN = "node_shutdown"  # its node drained
+    PARENT = "parent"  # the run it was started under was cancelled
     LEASE_LOST = "lease_lost"  # Redis said its node's lease is gone (the node was fenced)
     REDIS_UNREACHABLE = "redis_unreachable"  # its node lost Redis for the self-fence deadline
 
@@ -75,7 +76,9 @@ class StopCause(StrEnum):
         return self in REQUEST_CAUSES
 
 
-REQUEST_CAUSES = frozenset({StopCause.USER, StopCause.CLIENT_DISCONNECT, StopCause.NODE_SHUTDOWN})
+REQUEST_CAUSES = frozenset(
+    {StopCause.USER, StopCause.CLIENT_DISCONNECT, StopCause.NODE_SHUTDOWN, StopCause.PARENT}
+)
 
 
 EndReason = Literal[
@@ -103,6 +106,7 @@ class RunInfo(BaseModel):
     run_id: str
     status: RunStatus
     owner: str | None = None
+    parent: str | None = None
     app_name: str | None = None
     user_id: str | None = None
     session_id: str | None = None
@@ -159,12 +163,44 @@ _RUN_FIELDS = frozenset(RunInfo.model_fields)
 
 
 class CancelResult(BaseModel):
-    """The answer to ``cancel``/``cancel_session``: an outcome and the run as it then stood."""
+    """The answer to ``cancel``/``cancel_session``: an outcome and the run as it then stood, and
+    one answer per run started below it (its tree, deepest first). The root answers
+    ``cancelled`` only once every descendant is stopped or reported lost."""
 
     model_config = ConfigDict(frozen=True)
 
     outcome: Outcome
     run: RunInfo | None = None
+    descendants: list[CancelResult] = []
+
+
+class Tombstone(BaseModel):
+    """A selector cancel's hold on later runs: until it expires, a run started, claimed or
+    queued that matches ``selector`` is recorded cancelled at once, with this request."""
+
+    model_config = ConfigDict(frozen=True)
+
+    tombstone_id: str
+    selector: dict[str, Any]
+    mode: CancelMode
+    cause: StopCause
+    reason: str | None = None
+    requested_by: str | None = None
+    created_at: float
+    expires_at: float
+
+
+class SelectorResult(BaseModel):
+    """The answer to ``cancel_where``: how many active runs matched, their ids, and — unless it
+    was a dry run — each one's cancel answer, and the tombstone holding later runs."""
+
+    model_config = ConfigDict(frozen=True)
+
+    matched: int
+    run_ids: list[str]
+    dry_run: bool
+    results: list[CancelResult] = []
+    tombstone: Tombstone | None = None
 
 
 class NodeInfo(BaseModel):

@@ -429,6 +429,7 @@ async def test_the_scripts_name_every_key_as_keyspace_does(
         "app_name": "app",
         "user_id": "u@x",
         "session_id": "s=1",
+        "tombstone_id": "t1",
     }
     for kind, template in KEY_TEMPLATES.items():
         fields = re.findall(r"{(\w+)}", template)

@@ -1,0 +1,132 @@
+"""Cancel trees on a real server: a run started inside another run's code, or given a parent, on
+any node, is cancelled with it — deepest first, one answer per run of the tree — and never
+starts once its parent's cancel is accepted."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from cancel_bus import InvalidArgument, Outcome, RunCancelled, RunStatus, StopCause
+
+from .conftest import BusFactory
+from .faultproxy import FaultProxy
+from .helpers import WAIT, GatedRun, LoopingRun, crash, eventually
+
+
+async def test_a_tree_across_nodes_is_cancelled_deepest_first(make_bus: BusFactory) -> None:
+    a, b, c, d = [await make_bus() for _ in range(4)]
+    children: list[LoopingRun] = []
+
+    async def root_code() -> None:
+        async with a.run(app_name="app", user_id="u", session_id="s") as root:
+            child = await LoopingRun(b).start()  # started in the root's task: its child
+            children.append(child)
+            grandchild = await LoopingRun(c, parent=child.run_id).start()  # given explicitly
+            children.append(grandchild)
+            while True:
+                root.checkpoint()
+                await asyncio.sleep(0.002)
+
+    root_task = asyncio.create_task(root_code())
+    await eventually(lambda: _holds(children, 2))
+    child, grandchild = children
+    root_id = (await d.get_run(child.run_id)).parent  # type: ignore[union-attr]
+    assert root_id is not None
+    assert (await d.get_run(grandchild.run_id)).parent == child.run_id  # type: ignore[union-attr]
+
+    result = await d.cancel(root_id, reason="stop it all", timeout=WAIT)
+    assert result.outcome is Outcome.CANCELLED
+    assert [r.run.run_id for r in result.descendants if r.run] == [
+        grandchild.run_id,
+        child.run_id,
+    ]  # deepest first
+    assert [r.outcome for r in result.descendants] == [Outcome.CANCELLED] * 2
+    for below in result.descendants:
+        assert below.run is not None and below.run.status is RunStatus.CANCELLED
+        assert below.run.cancel_cause is StopCause.PARENT
+        assert below.run.cancel_reason == "stop it all"
+    assert result.run is not None and result.run.cancel_cause is StopCause.USER
+    await asyncio.wait_for(root_task, WAIT)
+    for run in children:
+        await run.done()
+
+
+async def test_a_queued_or_late_child_never_starts(make_bus: BusFactory) -> None:
+    a, b = await make_bus(), await make_bus()
+    root = await LoopingRun(a).start()
+    queued = await b.enqueue(parent=root.run_id)
+    result = await b.cancel(root.run_id, timeout=WAIT)
+    assert result.outcome is Outcome.CANCELLED
+    assert [(r.outcome, r.run.run_id if r.run else None) for r in result.descendants] == [
+        (Outcome.CANCELLED, queued.run_id)
+    ]
+    with pytest.raises(RunCancelled):
+        async with b.run(queued.run_id):
+            pass
+    root_two = await GatedRun(a).start()
+    await b.cancel(root_two.run_id, wait=False)  # accepted; the root is busy, not stopped yet
+    with pytest.raises(RunCancelled) as caught:
+        async with b.run(parent=root_two.run_id):
+            pass
+    assert caught.value.request is not None and caught.value.request.cause is StopCause.PARENT
+    late = await b.list_runs(status=RunStatus.CANCELLED, limit=1)
+    assert late[0].parent == root_two.run_id and late[0].started_at is None
+    born = await b.enqueue(parent=root_two.run_id)
+    assert born.status is RunStatus.CANCELLED
+    root_two.release()
+    await root_two.done()
+
+
+async def test_the_root_answers_stopping_until_every_descendant_stopped(
+    make_bus: BusFactory,
+) -> None:
+    a, b = await make_bus(), await make_bus()
+    root = await LoopingRun(a).start()
+    stubborn = await GatedRun(b, parent=root.run_id).start()  # no checkpoint while gated
+    result = await a.cancel(root.run_id, timeout=0.5)
+    assert result.outcome is Outcome.STOPPING  # the root stopped; its child has not
+    assert result.run is not None and result.run.status is RunStatus.CANCELLED
+    assert [r.outcome for r in result.descendants] == [Outcome.STOPPING]
+    stubborn.release()
+    await stubborn.done()
+    final = await a.get_run(stubborn.run_id)
+    assert final is not None and final.status is RunStatus.CANCELLED  # honoured when it could
+
+
+async def test_a_child_on_a_dead_owner_is_resolved_owner_lost(
+    make_bus: BusFactory, proxy: FaultProxy
+) -> None:
+    a = await make_bus(lease_ttl=1.2)
+    doomed = await make_bus(url=proxy.url, lease_ttl=1.2)
+    root = await LoopingRun(a).start()
+    child = await LoopingRun(doomed, parent=root.run_id).start()
+    await crash(doomed, proxy)  # its lease runs out; a live node resolves its runs
+    result = await a.cancel(root.run_id, timeout=WAIT)
+    assert [r.outcome for r in result.descendants] == [Outcome.OWNER_LOST]
+    lost = result.descendants[0].run
+    assert lost is not None and lost.status is RunStatus.CANCELLED  # a cancel was pending
+    assert result.outcome is Outcome.CANCELLED  # every descendant stopped or reported lost
+    assert child.task is not None
+    child.task.cancel()
+
+
+async def test_detached_runs_and_explicit_parents(make_bus: BusFactory) -> None:
+    a = await make_bus()
+    async with a.run() as outer:
+        async with a.run(detached=True) as detached:
+            assert (await a.get_run(detached.run_id)).parent is None  # type: ignore[union-attr]
+        async with a.run() as inner:
+            assert (await a.get_run(inner.run_id)).parent == outer.run_id  # type: ignore[union-attr]
+    with pytest.raises(InvalidArgument):
+        a.run(parent="p1", detached=True)
+    with pytest.raises(InvalidArgument):
+        a.run(parent="not an id")
+    result = await a.cancel(outer.run_id, timeout=WAIT)  # a finished root: nothing below
+    assert result.outcome is Outcome.ALREADY_FINISHED
+    assert [r.outcome for r in result.descendants] == [Outcome.ALREADY_FINISHED]
+
+
+async def _holds(runs: list[LoopingRun], count: int) -> bool:
+    return len(runs) >= count
