@@ -76,11 +76,15 @@ class CancelBus:
         verification_keys: Sequence[str | bytes] = (),
         self_fence_after: float | None = None,
         max_output_chars: int = 1_000_000,
+        profile_checkpoints: bool = False,
         version: str = VERSION,
     ) -> None:
         """``signing_key`` seals every bus message; ``verification_keys`` are accepted too (key
         rotation). ``self_fence_after``: seconds without an answer from Redis after which the
-        node stops its runs (``redis_unreachable``); default ``max(60, 3 * lease_ttl)``."""
+        node stops its runs (``redis_unreachable``); default ``max(60, 3 * lease_ttl)``.
+        ``profile_checkpoints``: record, per run and code site, the longest stretch between
+        checkpoints (``RunInfo.slowest_checkpoints``) — where a run cannot be cancelled
+        promptly; it costs a little on every checkpoint."""
         self.keys = KeySpace(namespace)
         if node_id is not None:
             validate_id(node_id, "node_id")
@@ -122,6 +126,7 @@ class CancelBus:
             lifecycle=self._lifecycle,
             stats=self.stats,
             max_output_chars=max_output_chars,
+            profile_checkpoints=profile_checkpoints,
         )
         self._inbox = Inbox(
             topology=self._topology,
@@ -146,6 +151,7 @@ class CancelBus:
             fixed_node_id=fixed_node_id,
         )
         self._lease.holder = self._recovery
+        self._lease.probe = lambda: self._inbox.probe_back
         self._selections = Selections(self._store, self.clock)
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -171,8 +177,21 @@ class CancelBus:
     @property
     def ready(self) -> bool:
         """Running, holding its lease (renewed within the last lease), subscribed to its
-        channel."""
-        return self._lifecycle.phase == "running" and self._lease.fresh and self._inbox.connected
+        channel, and its probes of that channel coming back (see :attr:`problems`)."""
+        return not self.problems
+
+    @property
+    def problems(self) -> list[str]:
+        """Why the node is not ready, in words (empty: ready)."""
+        problems = []
+        if self._lifecycle.phase != "running":
+            problems.append(f"the bus is {self._lifecycle.phase}")
+        if not self._lease.fresh:
+            problems.append("its lease was not renewed within the last lease")
+        channel = self._inbox.problem
+        if channel is not None:
+            problems.append(channel)
+        return problems
 
     @property
     def draining(self) -> bool:
@@ -203,6 +222,7 @@ class CancelBus:
             self._sync.run_forever(),
             self._outbox.run_forever(),
             self._inbox.sweep_forever(),
+            self._inbox.probe_forever(),
         ):
             self._tasks.append(asyncio.create_task(job))
         log.info("cancel-bus: node %s joined namespace %s", self.node_id, self.keys.namespace)
@@ -514,6 +534,9 @@ class CancelBus:
                 "no answer from Redis within the timeout; the cancel may not be recorded"
             ) from exc
         self.stats.cancels_requested += 1
+        if answer.receivers == 0:  # published, and nobody on the owner's channel heard it
+            self.stats.cancels_unheard += 1
+            log.warning("cancel-bus: a cancel's owner was not listening: its sweep delivers it")
         nodes = [(answer.code, answer.run), *((code, run) for _, code, run in answer.descendants)]
         for code, node in nodes:
             if code == "stopping" and node is not None and node.cancel_request is not None:

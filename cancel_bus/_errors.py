@@ -4,6 +4,7 @@
      ├── BusUnavailable       Redis unreachable after bounded retries; nothing half-written
      ├── BusClosed            the bus is not started, or already closed
      ├── RunCancelled         raised inside a run at a checkpoint; the run scope records it
+     ├── RunEnded             a call on a run whose scope has exited (a leak, recorded)
      ├── RunNotFound          no such run (where an answer object cannot say so)
      ├── RunExists            the run id is taken (ids are never reused)
      ├── SessionBusy          the session key already has an active run
@@ -46,6 +47,14 @@ class RunCancelled(CancelBusError):
         super().__init__(f"run {run_id} cancelled" + (f": {reason}" if reason else ""))
         self.run_id = run_id
         self.request = request
+
+
+class RunEnded(CancelBusError):
+    """A run's handle was asked to pause or resume after the run's end (a leak)."""
+
+    def __init__(self, run_id: str) -> None:
+        super().__init__(f"run {run_id} has ended")
+        self.run_id = run_id
 
 
 class RunNotFound(CancelBusError):

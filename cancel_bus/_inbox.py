@@ -10,6 +10,10 @@
 * Pub/sub replays nothing after a reconnect: the sweep — after every subscribe confirmation and
   every ``sweep_interval`` — delivers every cancel pending on this node's runs and answers the
   waiters whose run has ended, from the stored state.
+* The path proves itself: every probe interval the node sends a probe to its own channel,
+  through Redis. One that has not come back by the next is a failure: the node is not ready
+  (``problem``), whatever its connection looks like — a subscriber on the wrong server, a
+  subscription silently gone.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import time
 from typing import Any
 
@@ -25,7 +30,15 @@ from redis.exceptions import RedisError
 from ._errors import BusUnavailable, CancelBusError
 from ._lease import Lease
 from ._local import Delivery, LocalRuns
-from ._messages import CancelMessage, MessageSigner, Rejection, addressed_to, decode, parse_message
+from ._messages import (
+    CancelMessage,
+    MessageSigner,
+    ProbeMessage,
+    Rejection,
+    addressed_to,
+    decode,
+    parse_message,
+)
 from ._redis import Topology, is_closed_transport, raise_if_cancelling
 from ._state import Lifecycle
 from ._store import RunStore
@@ -64,6 +77,10 @@ class Inbox:
         self._stats = stats
         self._sweep_interval = sweep_interval
         self._ping_interval = min(5.0, lease.interval)
+        self.probe_interval = self._ping_interval
+        self._probe: tuple[str, float] | None = None  # (nonce, sent at: monotonic) on its way
+        self.probe_back: tuple[float, float] | None = None  # (server time, latency s) of the last
+        self._probe_failed_at: float | None = None
         self._task: asyncio.Task[None] | None = None
         self._subscribed = asyncio.Event()
         self._sweeps: set[asyncio.Task[None]] = set()
@@ -184,6 +201,8 @@ class Inbox:
             rejection = Rejection.MISADDRESSED
         if rejection is not None or message is None:
             self._reject(rejection or Rejection.MALFORMED)
+        elif isinstance(message, ProbeMessage):
+            self._probe_came_back(message.nonce)
         elif isinstance(message, CancelMessage):
             delivery = self._local.deliver(message.run_id, message.request, message.target)
             if delivery is Delivery.MISADDRESSED:
@@ -197,6 +216,59 @@ class Inbox:
         self._stats.messages_rejected += 1
         field = f"messages_{why.value}"
         setattr(self._stats, field, getattr(self._stats, field) + 1)
+
+    # -- the probe ----------------------------------------------------------------------------
+
+    @property
+    def problem(self) -> str | None:
+        """Why this node's channel cannot be trusted now, or None."""
+        if not self.connected:
+            return "the subscriber is not connected"
+        if self._probe_failed_at is not None:
+            return (
+                "its own channel is silent: a probe sent through Redis did not come back "
+                f"within {self.probe_interval:.1f} s"
+            )
+        return None
+
+    async def probe_forever(self) -> None:
+        while self._lifecycle.active and not self._stopped:
+            try:
+                await self.probe()
+            except Exception:  # the probe must outlive any failure
+                raise_if_cancelling()
+                log.exception("cancel-bus: probe failed")
+            await asyncio.sleep(self.probe_interval)
+
+    async def probe(self) -> None:
+        """Judge the previous probe (back, or failed), send the next."""
+        if self._probe is not None:  # not back within an interval
+            self._stats.probes_failed += 1
+            first = self._probe_failed_at is None
+            self._probe_failed_at = time.monotonic()
+            if first:
+                log.error("cancel-bus: node %s: %s", self._lease.node_id, self.problem)
+        nonce = os.urandom(8).hex()
+        self._probe = (nonce, time.monotonic())
+        try:
+            receivers = await self._store.publish_probe(
+                self._lease.node_id, self._lease.epoch, nonce
+            )
+        except BusUnavailable as exc:
+            log.debug("cancel-bus: probe not sent: %s", exc)
+            self._probe = None  # Redis is away: the lease says so; this proves nothing
+            return
+        if receivers == 0:
+            log.warning("cancel-bus: node %s: nobody subscribes its channel", self._lease.node_id)
+
+    def _probe_came_back(self, nonce: str) -> None:
+        probe = self._probe
+        if probe is None or probe[0] != nonce:
+            return
+        latency = time.monotonic() - probe[1]
+        self._probe = None
+        self._probe_failed_at = None
+        self.probe_back = (self._lease.clock(), latency)
 
     # -- the sweep ----------------------------------------------------------------------------
 

@@ -15,6 +15,7 @@ import asyncio
 import logging
 import secrets
 import time
+from collections.abc import Callable
 from typing import Protocol
 
 from ._errors import BusUnavailable, Fenced, NodeIdInUse
@@ -55,6 +56,7 @@ class Lease:
         self.self_fence_after = self_fence_after
         self._version = version
         self.holder: LeaseHolder | None = None  # told of renewals, losses, amnesia, reaps
+        self.probe: Callable[[], tuple[float, float] | None] = lambda: None  # shown with it
         self.node_id = node_id  # this incarnation's, once registered
         self.epoch = ""
         self.offset = 0.0
@@ -147,7 +149,7 @@ class Lease:
         try:
             async with asyncio.timeout(self.interval):
                 code, server_now, recorded = await self._store.heartbeat(
-                    self.node_id, self.epoch, self.lease_ttl
+                    self.node_id, self.epoch, self.lease_ttl, self.probe()
                 )
         except (BusUnavailable, TimeoutError) as exc:
             if sent - self._last_warning >= WARN_EVERY:

@@ -25,7 +25,7 @@ from ._errors import (
 from ._lease import Lease
 from ._messages import SESSION_TARGET_PREFIX, run_target, session_target
 from ._outbox import Outbox, Write
-from ._run import Ending, RunHandle, RunSpec, RunState
+from ._run import Ending, ProfiledRunHandle, RunHandle, RunSpec, RunState
 from ._state import Lifecycle
 from ._store import RunStore
 from ._sync import RunSync
@@ -58,8 +58,10 @@ class LocalRuns:
         lifecycle: Lifecycle,
         stats: BusStats,
         max_output_chars: int,
+        profile_checkpoints: bool = False,
     ) -> None:
         self._store = store
+        self._handle_class = ProfiledRunHandle if profile_checkpoints else RunHandle
         self._lease = lease
         self._sync = sync
         self._outbox = outbox
@@ -192,7 +194,7 @@ class LocalRuns:
             relay=spec.relay,
             max_output_chars=self._max_output_chars,
         )
-        handle = RunHandle(state, self)
+        handle = self._handle_class(state, self)
         self._runs[spec.run_id] = state
         self._empty.clear()
         early = self._early.pop(spec.run_id)
@@ -232,6 +234,10 @@ class LocalRuns:
         raise CancelBusError(f"run {state.run_id} cannot become {target.value}: it is {detail}")
 
     def run_changed(self, state: RunState) -> None:
+        self._sync.mark(state)
+
+    def run_leaked(self, state: RunState) -> None:
+        self._stats.leaks += 1
         self._sync.mark(state)
 
     # -- internals ----------------------------------------------------------------------------
@@ -275,5 +281,6 @@ class LocalRuns:
             delivered_at=state.delivered_at,
             observed_at=state.observed_at,
             record=state.record,
+            notes=state.take_notes(),
             timeout=self._lease.interval,  # a retried finish is idempotent
         )

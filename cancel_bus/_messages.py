@@ -117,6 +117,22 @@ class FinishedMessage:
     to: str
 
 
+@dataclass(frozen=True, slots=True)
+class ProbeMessage:
+    """A node's probe of its own channel: sent through Redis, it must come back."""
+
+    nonce: str
+    to: str
+    epoch: str
+
+
+Message = CancelMessage | FinishedMessage | ProbeMessage
+
+
+def probe_body(nonce: str, to: str, epoch: str) -> dict[str, Any]:
+    return {"k": "probe", "n": nonce, "to": to, "ep": epoch}
+
+
 def decode(data: str) -> dict[str, Any] | None:
     """The JSON object of a channel message, or None."""
     try:
@@ -126,7 +142,7 @@ def decode(data: str) -> dict[str, Any] | None:
     return body if isinstance(body, dict) else None
 
 
-def parse_message(body: dict[str, Any]) -> CancelMessage | FinishedMessage | None:
+def parse_message(body: dict[str, Any]) -> Message | None:
     """The typed message of a decoded body; ``None`` if it is not one of ours."""
     try:
         kind = body["k"]
@@ -150,6 +166,8 @@ def parse_message(body: dict[str, Any]) -> CancelMessage | FinishedMessage | Non
             raw = body.get("run")
             run = RunInfo.from_redis(raw) if isinstance(raw, dict) else None
             return FinishedMessage(run_id=_text(body["r"]), run=run, to=_text(body["to"]))
+        if kind == "probe":
+            return ProbeMessage(_text(body["n"]), _text(body["to"]), _text(body["ep"]))
     except (ValueError, KeyError, TypeError):
         return None
     return None
@@ -167,7 +185,7 @@ def session_target(session: tuple[str, str, str]) -> str:
     return SESSION_TARGET_PREFIX + ":".join(session)
 
 
-def addressed_to(message: CancelMessage | FinishedMessage, node_id: str, epoch: str) -> bool:
+def addressed_to(message: Message, node_id: str, epoch: str) -> bool:
     """The message is for this incarnation, and about the run it names (a run cancel's target,
     a finish notice's record)."""
     if message.to != node_id:
@@ -176,6 +194,8 @@ def addressed_to(message: CancelMessage | FinishedMessage, node_id: str, epoch: 
         return message.run is None or message.run.run_id == message.run_id
     if message.epoch != epoch:
         return False
+    if isinstance(message, ProbeMessage):
+        return True
     by_session = message.target.startswith(SESSION_TARGET_PREFIX)
     return by_session or message.target == run_target(message.run_id)
 

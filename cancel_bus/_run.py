@@ -12,13 +12,15 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import sys
+import time
 from collections.abc import Callable
 from contextvars import ContextVar, Token
 from dataclasses import dataclass, replace
 from types import TracebackType
 from typing import Any, NoReturn, Protocol
 
-from ._errors import RunCancelled
+from ._errors import RunCancelled, RunEnded
 from ._types import CancelMode, CancelRequest, RunInfo, RunStatus, StopCause
 
 log = logging.getLogger("cancel_bus")
@@ -38,6 +40,8 @@ class RunOwner(Protocol):
     async def set_waiting(self, state: RunState, waiting: bool) -> None: ...
 
     def run_changed(self, state: RunState) -> None: ...
+
+    def run_leaked(self, state: RunState) -> None: ...
 
 
 # The run whose code is executing (set by its scope, seen by the tasks its code starts): a run
@@ -71,15 +75,22 @@ class RunState:
         "_exiting",
         "_fields",
         "_info",
+        "_leak_delta",
+        "_leaked",
         "_task",
         "_task_cancel_sent",
         "chunks",
+        "closed",
         "delivered_at",
         "delivery_dirty",
         "epoch",
         "final_status",
         "finishing",
+        "gaps",
+        "gaps_dirty",
         "handle",
+        "last_checkpoint",
+        "last_site",
         "local_stop",
         "max_output_chars",
         "observed_at",
@@ -123,7 +134,14 @@ class RunState:
         self.phase_dirty = False
         self.final_status: RunStatus | None = None
         self.finishing = False  # its finish has been sent
+        self.closed = False  # its scope has exited: what its code does now is a leak
+        self.gaps: dict[str, float] = {}  # profiled: the longest stretch after each checkpoint
+        self.gaps_dirty = False
+        self.last_checkpoint = 0.0  # profiled: when (perf_counter) and where the last one was
+        self.last_site: str | None = None
         self.handle: RunHandle | None = None
+        self._leak_delta: dict[str, Any] | None = None
+        self._leaked = False
         self._task: asyncio.Task[Any] | None = None
         self._task_cancel_sent = False
         self._exiting = False
@@ -245,24 +263,70 @@ class RunState:
                 record["requested_by"] = request.requested_by
         return record
 
-    def take_updates(self) -> tuple[str, str, list[RelayEntry]] | None:
-        """The phase, delivery time and relay entries not written yet (taken), or None."""
+    def close(self) -> None:
+        """Its scope has exited. A profiled run's last stretch counts for its last checkpoint."""
+        self.closed = True
+        if self.last_site is not None:
+            self.note_gap(self.last_site, time.perf_counter() - self.last_checkpoint)
+
+    def leak(self, call: str, site: str, at: float) -> None:
+        """Its code called the library after its end (see :class:`RunHandle`)."""
+        delta = self._leak_delta
+        if delta is None:
+            delta = self._leak_delta = {"calls": {}}
+            if not self._leaked:
+                self._leaked = True
+                delta.update(first_call=call, first_site=site, first_at=f"{at:.6f}")
+        delta["calls"][call] = delta["calls"].get(call, 0) + 1
+
+    def note_gap(self, site: str, seconds: float) -> None:
+        """A profiled run went ``seconds`` from the checkpoint at ``site`` to the next one."""
+        worst = self.gaps.get(site, 0.0)
+        if seconds > worst:
+            self.gaps[site] = seconds
+            self.gaps_dirty = self.gaps_dirty or seconds - worst > 0.01
+
+    def take_notes(self) -> str:
+        """What is new in the run's notes, as JSON ('' if nothing): leaks, checkpoint gaps."""
+        notes: dict[str, Any] = {}
+        if self._leak_delta is not None:
+            notes["leaked_after_cancel"], self._leak_delta = self._leak_delta, None
+        if self.gaps_dirty or (self.closed and self.gaps):
+            self.gaps_dirty = False
+            slowest = sorted(self.gaps.items(), key=lambda item: item[1], reverse=True)
+            notes["slowest_checkpoints"] = {site: round(s * 1000, 1) for site, s in slowest[:10]}
+        return json.dumps(notes, separators=(",", ":")) if notes else ""
+
+    def take_updates(self) -> tuple[str, str, list[RelayEntry], str] | None:
+        """The phase, delivery time, relay entries and notes not written yet (taken), or
+        None."""
         phase = (self.phase or "") if self.phase_dirty else ""
         delivered = ""
         if self.delivery_dirty and self.delivered_at is not None:
             delivered = f"{self.delivered_at:.6f}"
         entries = self.pending_relay
-        if not (phase or delivered or entries):
+        notes = self.take_notes() if self._leak_delta is not None or self.gaps_dirty else ""
+        if not (phase or delivered or entries or notes):
             return None
         self.phase_dirty = self.delivery_dirty = False
         self.pending_relay = []
-        return phase, delivered, entries
+        return phase, delivered, entries, notes
 
-    def put_back(self, phase: str, delivered: str, entries: list[RelayEntry]) -> None:
+    def put_back(self, phase: str, delivered: str, entries: list[RelayEntry], notes: str) -> None:
         """Updates that could not be written: again, before any newer ones."""
         self.phase_dirty = self.phase_dirty or bool(phase)
         self.delivery_dirty = self.delivery_dirty or bool(delivered)
         self.pending_relay[:0] = entries
+        if notes:
+            leak = json.loads(notes).get("leaked_after_cancel")
+            if leak is not None:
+                delta = self._leak_delta = self._leak_delta or {"calls": {}}
+                for key in ("first_call", "first_site", "first_at"):
+                    if key in leak:
+                        delta.setdefault(key, leak[key])
+                for call, n in leak["calls"].items():
+                    delta["calls"][call] = delta["calls"].get(call, 0) + n
+            self.gaps_dirty = True
 
     def _arm(self, request: CancelRequest) -> None:
         """Make checkpoints raise (and interrupt the task) as ``request`` asks; tell callbacks."""
@@ -286,7 +350,12 @@ class RunState:
 
 class RunHandle:
     """What the code of a run holds: ``checkpoint()``, ``turn_boundary()``, ``phase``,
-    ``emit()``, ``pause()``/``resume()``, and what was asked of it."""
+    ``emit()``, ``pause()``/``resume()``, and what was asked of it.
+
+    Once the run's scope has exited, what its code still does through the handle is a leak:
+    output, events and phases are dropped, a checkpoint that would raise still raises, and each
+    call is recorded on the run (``RunInfo.leaked_after_cancel``: counts and the first call's
+    site) and counted (``BusStats.leaks``)."""
 
     __slots__ = ("_owner", "_state")
 
@@ -298,12 +367,17 @@ class RunHandle:
     def checkpoint(self) -> None:
         """Raise :class:`RunCancelled` if a cancel (other than ``after_turn``) was delivered."""
         if self._state.stop_at_checkpoint:
-            self._state.observe(self._owner.clock())
+            self._stop("checkpoint")
 
     def turn_boundary(self) -> None:
         """Like :meth:`checkpoint`, and also honours ``after_turn`` requests."""
         if self._state.cancel_requested is not None:
-            self._state.observe(self._owner.clock())
+            self._stop("turn_boundary")
+
+    def report_leak(self, what: str) -> None:
+        """For adapters: the framework did ``what`` for this run after its end (an event, a
+        token, a tool call). Recorded like the handle's own leaks."""
+        self._leaked(what, depth=2)
 
     @property
     def cancel_requested(self) -> CancelRequest | None:
@@ -370,13 +444,18 @@ class RunHandle:
 
     def emit(self, text: str) -> None:
         """Append output; it is kept as partial output if the run is cancelled."""
+        if self._state.closed:
+            self._leaked("emit")
+            return
         kept = self._state.keep(text)
         if kept and self._state.relay:
             self._relay("output", {"text": kept})
 
     def emit_event(self, event_type: str, data: dict[str, Any]) -> None:
         """Relay an application event (a tool call, a tool result...) to followers of the run."""
-        if self._state.relay:
+        if self._state.closed:
+            self._leaked("emit_event")
+        elif self._state.relay:
             self._relay(event_type, data)
 
     @property
@@ -394,7 +473,9 @@ class RunHandle:
     @phase.setter
     def phase(self, value: str | None) -> None:
         state = self._state
-        if value != state.phase:
+        if state.closed:
+            self._leaked("phase")
+        elif value != state.phase:
             state.phase = value
             state.phase_dirty = True
             self._owner.run_changed(state)
@@ -402,18 +483,62 @@ class RunHandle:
     async def pause(self) -> None:
         """Hand control back (status ``waiting``, e.g. awaiting a human). While waiting, a cancel
         ends the run at once; raises :class:`RunCancelled` if a cancel is already pending."""
+        if self._state.closed:
+            self._leaked("pause")
+            raise RunEnded(self.run_id)
         self.checkpoint()
         await self._owner.set_waiting(self._state, True)
 
     async def resume(self) -> None:
         """Back to ``running``; raises :class:`RunCancelled` if it was cancelled while waiting."""
+        if self._state.closed:
+            self._leaked("resume")
+            raise RunEnded(self.run_id)
         await self._owner.set_waiting(self._state, False)
         self.turn_boundary()
+
+    def _stop(self, call: str) -> None:
+        """A checkpoint that raises (after the run's end, a leak too)."""
+        if self._state.closed:
+            self._leaked(call, depth=3)
+        self._state.observe(self._owner.clock())
+
+    def _leaked(self, call: str, depth: int = 2) -> None:
+        """Record a leak: ``call`` made by the frame ``depth`` levels up (the run's code)."""
+        frame = sys._getframe(depth)
+        site = f"{frame.f_code.co_filename}:{frame.f_lineno}"
+        self._state.leak(call, site, self._owner.clock())
+        self._owner.run_leaked(self._state)
 
     def _relay(self, event_type: str, data: dict[str, Any]) -> None:
         at = f"{self._owner.clock():.6f}"
         self._state.pending_relay.append((event_type, at, json.dumps(data, separators=(",", ":"))))
         self._owner.run_changed(self._state)
+
+
+class ProfiledRunHandle(RunHandle):
+    """A handle that also records, per code site, the longest stretch from a checkpoint there
+    to the next one: where the run cannot be cancelled promptly (``slowest_checkpoints``). The
+    stretch before the first checkpoint counts for the site that entered the run."""
+
+    __slots__ = ()
+
+    def checkpoint(self) -> None:
+        self._note_gap()
+        super().checkpoint()
+
+    def turn_boundary(self) -> None:
+        self._note_gap()
+        super().turn_boundary()
+
+    def _note_gap(self) -> None:
+        state, now = self._state, time.perf_counter()
+        frame = sys._getframe(2)
+        if state.last_site is not None:
+            state.note_gap(state.last_site, now - state.last_checkpoint)
+            if state.gaps_dirty:
+                self._owner.run_changed(state)
+        state.last_checkpoint, state.last_site = now, f"{frame.f_code.co_filename}:{frame.f_lineno}"
 
 
 class RunScope:
@@ -428,6 +553,11 @@ class RunScope:
     async def __aenter__(self) -> RunHandle:
         handle = await self._owner.start_run(self._spec)
         handle._state.bind_task(asyncio.current_task())
+        if isinstance(handle, ProfiledRunHandle):
+            frame = sys._getframe(1)
+            state = handle._state
+            state.last_checkpoint = time.perf_counter()
+            state.last_site = f"{frame.f_code.co_filename}:{frame.f_lineno}"
         self._handle = handle
         self._current = current_run.set(handle.run_id)
         return handle
@@ -443,5 +573,6 @@ class RunScope:
         current_run.reset(self._current)
         state = handle._state
         ending, suppress = state.settle(exc, self._owner.clock())
+        state.close()
         await asyncio.shield(self._owner.finish_run(state, ending))
         return suppress

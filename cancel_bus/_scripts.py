@@ -104,6 +104,36 @@ local function relay_add(run_id, etype, at, data_json)
     'type', etype, 'at', at, 'data', data_json)
 end
 
+-- Notes on a run (what its owner observed of its code), JSON fields of its record:
+-- leaked_after_cancel {count, calls {call: n}, first_call, first_site, first_at} — what the
+-- code did through the library after its end (the node sends what is new: counts add up);
+-- slowest_checkpoints {site: ms} (the node sends the whole map). A first leak is an event.
+local function note_leak(run_id, delta)
+  local rk = key_run(run_id)
+  local raw = redis.call('HGET', rk, 'leaked_after_cancel')
+  local leak = raw and cjson.decode(raw) or {count = 0, calls = {}}
+  if not raw then
+    leak.first_call, leak.first_site, leak.first_at =
+      delta.first_call, delta.first_site, delta.first_at
+    add_event(run_id, 'run.leaked', {call = delta.first_call, site = delta.first_site})
+  end
+  for call, n in pairs(delta.calls) do
+    leak.calls[call] = (leak.calls[call] or 0) + n
+    leak.count = leak.count + n
+  end
+  redis.call('HSET', rk, 'leaked_after_cancel', cjson.encode(leak))
+end
+
+local function write_notes(run_id, notes_json)
+  if notes_json == '' then return end
+  local notes = cjson.decode(notes_json)
+  if notes.leaked_after_cancel then note_leak(run_id, notes.leaked_after_cancel) end
+  if notes.slowest_checkpoints then
+    redis.call('HSET', key_run(run_id), 'slowest_checkpoints',
+      cjson.encode(notes.slowest_checkpoints))
+  end
+end
+
 -- 'alive' if node_id holds a live lease (as incarnation `epoch`, unless epoch is nil), 'missing'
 -- if Redis has no record of the node (it lost our data), else 'dead'. A lease found expired
 -- fences the node on the spot: it is marked dead, whoever looks first.
@@ -400,19 +430,21 @@ return reply({'ok', NOW})
 
 # KEYS[1] nodes zset, KEYS[2] node hash
 # ARGV[1] node_id, ARGV[2] epoch, ARGV[3] lease_ms, ARGV[4] interval_ms (the caller's heartbeat
-# interval: the most this beat advances the lease clock)
+# interval: the most this beat advances the lease clock), ARGV[5] probe_at, ARGV[6] probe_s
+# (when its last probe of its own channel came back, and how long it took; '': none yet)
 # -> {'ok', now, runs recorded for the node} | {'fenced', now} | {'missing', now}
 #    (missing: Redis forgot the node, e.g. a restart without persistence; re-register and re-assert)
 HEARTBEAT = _script("""
 local nodes, node_key = KEYS[1], KEYS[2]
 local node_id, epoch, lease_ms = ARGV[1], ARGV[2], tonumber(ARGV[3])
-local interval_ms = tonumber(ARGV[4])
+local interval_ms, probe_at, probe_s = tonumber(ARGV[4]), ARGV[5], ARGV[6]
 tick_lease_clock(interval_ms / 1000)
 if redis.call('EXISTS', node_key) == 0 then return {'missing', NOW} end
 if not node_alive(node_id, epoch) then return {'fenced', NOW} end
 redis.call('ZADD', nodes, fmt(lease_now() + lease_ms / 1000), node_id)
 redis.call('HSET', node_key, 'last_heartbeat', NOW,
   'lease_expires_at', fmt(NOW_S + lease_ms / 1000))
+if probe_at ~= '' then redis.call('HSET', node_key, 'probe_at', probe_at, 'probe_s', probe_s) end
 return {'ok', NOW, redis.call('SCARD', key_node_runs(node_id))}
 """)
 
@@ -496,7 +528,14 @@ if cur[1] then return reply({'exists', redis.call('HGETALL', rk)}) end
 local r = {run_id = run_id, owner = node_id}
 if app ~= '' then r.app_name, r.user_id, r.session_id = app, user, sess end
 if metadata ~= '' then r.metadata = metadata end
-if parent ~= '' then r.parent = parent end
+if parent ~= '' then
+  r.parent = parent
+  local pst = redis.call('HGET', key_run(parent), 'status')
+  if pst and not ACTIVE[pst] then  -- its code started a child after its end
+    note_leak(parent, {calls = {child_started = 1}, first_call = 'child_started',
+      first_site = RUN_PREFIX .. run_id, first_at = NOW})
+  end
+end
 local req = inherited_cancel(r)
 if req then
   r.owner = nil  -- it never ran
@@ -594,7 +633,8 @@ return reply({a[1], a[2], a[3], below})
 # ARGV[7] output_truncated (0/1), ARGV[8] error, ARGV[9] phase, ARGV[10] delivered_at,
 # ARGV[11] observed_at (node estimates of the server clock, or ''), ARGV[12] retention_ms,
 # ARGV[13] pub command, ARGV[14] the run as the owner knows it (json) to re-create a record Redis
-# lost, or '' (the usual case: if the record is lost, the answer says so)
+# lost, or '' (the usual case: if the record is lost, the answer says so), ARGV[15] notes json
+# ('' = none; see write_notes)
 # A run is recorded cancelled only if a cancel was requested: an accepted request makes any end
 # 'cancelled' (end_reason says how it ended); a node's drain records its own request; any other
 # stop without a request is 'failed' with the stop cause as end_reason.
@@ -606,7 +646,7 @@ local rk = KEYS[1]
 local run_id, node_id, epoch, status, cause = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local output, truncated, err, phase = ARGV[6], ARGV[7], ARGV[8], ARGV[9]
 local delivered_at, observed_at = ARGV[10], ARGV[11]
-local retention_ms, pub, record = tonumber(ARGV[12]), ARGV[13], ARGV[14]
+local retention_ms, pub, record, notes = tonumber(ARGV[12]), ARGV[13], ARGV[14], ARGV[15]
 local cur = redis.call('HMGET', rk, 'status', 'owner', 'epoch', 'cancel_requested_at', 'end_reason')
 if not cur[1] then
   local ns = node_state(node_id, epoch)
@@ -658,6 +698,7 @@ if requested_at then
   end
   if observed_at ~= '' then put('cancel_observed_at', clamp(observed_at)) end
 end
+write_notes(run_id, notes)
 finalize(run_id, status, end_reason, fields, retention_ms, pub)
 return reply({'ok', status, end_reason})
 """)
@@ -665,8 +706,9 @@ return reply({'ok', status, end_reason})
 # KEYS[1] nodes zset (any key of the namespace: it only routes the call)
 # ARGV[1] node_id, ARGV[2] epoch, ARGV[3] json list of runs:
 #   [run_id, phase ('' = unchanged), delivered_at ('' = none; the owner's estimate of the
-#    server clock), [[type, at, data_json], ...] relay entries]
-# -> how many runs were updated (a run no longer this incarnation's active run is skipped)
+#    server clock), [[type, at, data_json], ...] relay entries, notes json ('' = none)]
+# -> how many runs were updated (a run no longer this incarnation's active run is skipped; its
+#    notes — a leak after its end — are still written if it was this incarnation's)
 SYNC_RUNS = _script("""
 local nodes = KEYS[1]
 local node_id, epoch, items = ARGV[1], ARGV[2], cjson.decode(ARGV[3])
@@ -677,6 +719,7 @@ for _, item in ipairs(items) do
   local rk = key_run(run_id)
   local cur = redis.call('HMGET', rk, 'status', 'owner', 'epoch', 'cancel_requested_at',
     'cancel_delivered_at')
+  if cur[1] and cur[2] == node_id and cur[3] == epoch then write_notes(run_id, item[5]) end
   if ACTIVE[cur[1]] and cur[2] == node_id and cur[3] == epoch then
     if phase ~= '' then redis.call('HSET', rk, 'phase', phase) end
     if delivered_at ~= '' and cur[4] and not cur[5] then

@@ -18,7 +18,7 @@ from redis.asyncio.cluster import RedisCluster
 from ._batcher import ScriptBatcher
 from ._errors import CancelBusError
 from ._keys import KeySpace
-from ._messages import MessageSigner, decode
+from ._messages import MessageSigner, decode, probe_body
 from ._redis import translated
 from ._scripts import ALL_SCRIPTS, NOTIFYING
 from ._types import (
@@ -62,6 +62,7 @@ class SyncItem:
     phase: str
     delivered_at: str
     relay_entries: list[tuple[str, str, str]]
+    notes: str = ""
 
 
 class RunStore:
@@ -144,12 +145,17 @@ class RunStore:
         )  # fmt: skip
         return reply[0], float(reply[1])
 
-    async def heartbeat(self, node_id: str, epoch: str, lease_ttl: float) -> tuple[str, float, int]:
-        """-> (code, server time, runs recorded for the node); code is ok | fenced | missing."""
+    async def heartbeat(
+        self, node_id: str, epoch: str, lease_ttl: float, probe: tuple[float, float] | None = None
+    ) -> tuple[str, float, int]:
+        """-> (code, server time, runs recorded for the node); code is ok | fenced | missing.
+        ``probe``: when its last probe of its own channel came back (server clock), and how
+        long it took (seconds), shown in the node list."""
+        probe_at, probe_s = ("", "") if probe is None else (f"{probe[0]:.6f}", f"{probe[1]:.6f}")
         reply = await self._eval(
             "heartbeat",
             [self.keys.nodes, self.keys.node(node_id)],
-            [node_id, epoch, _ms(lease_ttl), _ms(lease_ttl / 3)],
+            [node_id, epoch, _ms(lease_ttl), _ms(lease_ttl / 3), probe_at, probe_s],
         )
         return reply[0], float(reply[1]), int(reply[2]) if len(reply) > 2 else 0
 
@@ -275,6 +281,7 @@ class RunStore:
         delivered_at: float | None,
         observed_at: float | None,
         record: Callable[[], dict[str, str]],
+        notes: str = "",
         timeout: float | None = None,
     ) -> tuple[str, str, str]:
         """-> (code, final status, end reason); code is ok | done | fenced | missing.
@@ -283,12 +290,12 @@ class RunStore:
         ``timeout``: for Redis's answer, from when the call leaves (it is safe to repeat)."""
         answer = await self._finish(
             run_id, node_id, epoch, status, stop_cause, output, output_truncated, error, phase,
-            delivered_at, observed_at, "", timeout,
+            delivered_at, observed_at, "", notes, timeout,
         )  # fmt: skip
         if answer[0] == "record_lost":
             answer = await self._finish(
                 run_id, node_id, epoch, status, stop_cause, output, output_truncated, error,
-                phase, delivered_at, observed_at, json.dumps(record()), timeout,
+                phase, delivered_at, observed_at, json.dumps(record()), notes, timeout,
             )  # fmt: skip
         return answer
 
@@ -306,6 +313,7 @@ class RunStore:
         delivered_at: float | None,
         observed_at: float | None,
         record: str,
+        notes: str,
         timeout: float | None,
     ) -> tuple[str, str, str]:
         reply, _ = await self._eval_notifying(
@@ -326,6 +334,7 @@ class RunStore:
                 self.retention_ms,
                 self._script_pub,
                 record,
+                notes,
             ],
             timeout,
         )
@@ -333,7 +342,7 @@ class RunStore:
 
     async def sync_runs(self, node_id: str, epoch: str, items: Sequence[SyncItem]) -> int:
         """Write the updates of many runs in one script call; -> how many runs took them."""
-        batch = [[i.run_id, i.phase, i.delivered_at, i.relay_entries] for i in items]
+        batch = [[i.run_id, i.phase, i.delivered_at, i.relay_entries, i.notes] for i in items]
         updated = await self._eval(
             "sync_runs", [self.keys.nodes], [node_id, epoch, json.dumps(batch)]
         )
@@ -362,6 +371,17 @@ class RunStore:
             [run_id, node_id, epoch, json.dumps(record)],
         )
         return reply[0], reply[1] if len(reply) > 1 else ""
+
+    async def publish_probe(self, node_id: str, epoch: str, nonce: str) -> int:
+        """Send a probe to the node's own channel (sealed on a signed bus); -> subscribers that
+        received it."""
+        body = probe_body(nonce, node_id, epoch)
+        message = self._signer.seal(body) if self._signer else json.dumps(body)
+        with translated("probe"):
+            receivers = await self.redis.execute_command(
+                self.pub_command, self.keys.channel(node_id), message
+            )
+        return int(receivers)
 
     # -- selectors and tombstones -------------------------------------------------------------
 
@@ -524,6 +544,8 @@ class RunStore:
                     active_runs=runs,
                     version=fields.get("version", ""),
                     expired=expires <= lease_now or fields.get("state") != "alive",
+                    probe_at=_float_or_none(fields.get("probe_at")),
+                    probe_latency_ms=_ms_or_none(fields.get("probe_s")),
                 )
             )
         return nodes
@@ -633,6 +655,14 @@ def _json_or_empty(value: dict[str, Any] | None) -> str:
 
 def _tombstone(fields: dict[str, str]) -> Tombstone:
     return Tombstone.model_validate({**fields, "selector": json.loads(fields["selector"])})
+
+
+def _float_or_none(value: str | None) -> float | None:
+    return float(value) if value else None
+
+
+def _ms_or_none(seconds: str | None) -> float | None:
+    return round(float(seconds) * 1000, 3) if seconds else None
 
 
 def _run_or_none(flat: Sequence[str]) -> RunInfo | None:

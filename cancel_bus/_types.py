@@ -126,6 +126,8 @@ class RunInfo(BaseModel):
     error: str | None = None
     phase: str | None = None
     metadata: dict[str, Any] | None = None
+    leaked_after_cancel: dict[str, Any] | None = None  # what its code did after its end
+    slowest_checkpoints: dict[str, float] | None = None  # profiled: site -> longest stretch, ms
 
     @property
     def is_active(self) -> bool:
@@ -153,13 +155,14 @@ class RunInfo(BaseModel):
     def from_redis(cls, fields: Mapping[str, str]) -> RunInfo:
         """Build from a run hash as stored by the scripts (every value a string)."""
         values: dict[str, Any] = {k: v for k, v in fields.items() if v != "" and k in _RUN_FIELDS}
-        if "metadata" in values:
-            values["metadata"] = json.loads(values["metadata"])
+        for name in _JSON_FIELDS & values.keys():
+            values[name] = json.loads(values[name])
         values["output_truncated"] = fields.get("output_truncated") == "1"
         return cls.model_validate(values)
 
 
 _RUN_FIELDS = frozenset(RunInfo.model_fields)
+_JSON_FIELDS = frozenset({"metadata", "leaked_after_cancel", "slowest_checkpoints"})
 
 
 class CancelResult(BaseModel):
@@ -214,6 +217,8 @@ class NodeInfo(BaseModel):
     active_runs: int
     version: str
     expired: bool = False
+    probe_at: float | None = None  # when its last probe of its own channel came back
+    probe_latency_ms: float | None = None  # how long that probe took through Redis
 
 
 class RunEvent(BaseModel):
@@ -271,3 +276,8 @@ class BusStats:
     finishes_deferred: int = _counter("Finishes that had to wait for Redis in the outbox")
     finishes_fenced: int = _counter("Finishes refused because this incarnation was fenced")
     relay_dropped: int = _counter("Relayed events dropped: a run emitted faster than Redis took")
+    leaks: int = _counter("Calls a run's code made through the library after the run's end")
+    probes_failed: int = _counter("Probes of this node's own channel that did not come back")
+    cancels_unheard: int = _counter(
+        "Cancels this node published that no subscriber of the owner's channel received"
+    )
