@@ -456,6 +456,13 @@ class CancelBus:
         self._lifecycle.require_open()
         return await self._store.get_run(run_id)
 
+    async def session_run(self, app_name: str, user_id: str, session_id: str) -> RunInfo | None:
+        """The active run of a session key, wherever it runs (None if it has none)."""
+        session = check.session(app_name, user_id, session_id)
+        assert session is not None
+        self._lifecycle.require_open()
+        return await self._store.session_run(session)
+
     async def list_runs(
         self,
         status: StatusFilter | str = "active",

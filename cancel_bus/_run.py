@@ -10,6 +10,7 @@ hot path: one attribute test, no I/O, no lock, no allocation.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import sys
@@ -570,7 +571,8 @@ class RunScope:
     ) -> bool:
         handle = self._handle
         assert handle is not None and self._current is not None, "the run scope was not entered"
-        current_run.reset(self._current)
+        with contextlib.suppress(ValueError):  # exited from another context (a generator the
+            current_run.reset(self._current)  # GC closed): that context's run is not ours
         state = handle._state
         ending, suppress = state.settle(exc, self._owner.clock())
         state.close()

@@ -441,6 +441,13 @@ class RunStore:
             fields = cast(dict[str, str], await self.redis.hgetall(self.keys.run(run_id)))
         return RunInfo.from_redis(fields) if fields else None
 
+    async def session_run(self, session: tuple[str, str, str]) -> RunInfo | None:
+        """The session key's active run, if any."""
+        with translated("session_run"):
+            run_id = cast(str | None, await self.redis.get(self.keys.session(*session)))
+        run = await self.get_run(run_id) if run_id is not None else None
+        return run if run is not None and run.is_active else None
+
     async def get_runs(self, run_ids: Sequence[str]) -> list[RunInfo]:
         if not run_ids:
             return []
@@ -461,11 +468,13 @@ class RunStore:
     ) -> list[RunInfo]:
         """The most recent first: an active run by its creation, a finished one by its end.
         Reads the narrowest indexes, each up to ``limit`` matches, then merges them."""
-        found: list[RunInfo] = []
+        found: dict[str, RunInfo] = {}
         for index in self._indexes_for(status, node_id):
-            found += await self._matching(index, status, node_id, app_name, user_id, limit)
-        found.sort(key=_recency, reverse=True)
-        return found[:limit]
+            for run in await self._matching(index, status, node_id, app_name, user_id, limit):
+                seen = found.get(run.run_id)  # ended between two reads: its later record
+                if seen is None or _recency(run) > _recency(seen):
+                    found[run.run_id] = run
+        return sorted(found.values(), key=_recency, reverse=True)[:limit]
 
     async def _matching(
         self,

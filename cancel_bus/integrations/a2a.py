@@ -1,124 +1,298 @@
-"""A2A (a2a-sdk 0.3, trpc-agent's A2A service): ``tasks/cancel`` on any replica of a task.
+"""A2A (a2a-sdk 0.3, trpc-agent's A2A service): ``tasks/cancel`` and ``tasks/resubscribe`` on
+any replica of a task.
 
     trpc_agent.install(bus)  # every replica, on the loop of the A2A server
-    handler = DefaultRequestHandler(
-        agent_executor=BusAgentExecutor(TrpcA2aAgentService(...), bus),
-        task_store=BusTaskStore(bus),
+    handler = BusRequestHandler(
+        bus, agent_executor=TrpcA2aAgentService(...), task_store=BusTaskStore(bus)
     )
     app = A2AStarletteApplication(agent_card=card, http_handler=handler).build()
 
-:class:`BusTaskStore` keeps tasks in the bus's Redis, so every replica knows every task.
-:class:`BusAgentExecutor` runs the wrapped executor and answers ``cancel`` through the bus: the
-task's trpc-agent run (found by the session key that trpc-agent's executor writes in the task's
-metadata) stops at its next checkpoint on whichever replica runs it; that replica's stream ends
-with ``canceled`` as usual, and the replica that took the cancel answers with the task
-``canceled`` once the owner confirmed. A run that does not reach a checkpoint within ``timeout``
-is not reported canceled: the cancel fails with ``TaskNotCancelableError`` (it stays recorded and
-is honoured at the run's next checkpoint).
+Each execution of a task is a bus run (see ``_a2a_runs.py``). ``tasks/cancel`` on any replica
+cancels it and answers as the A2A spec asks: the task ``canceled`` once it stopped (the owner's
+executor stored it before the run ended), ``working`` with a status message if it did not stop
+within ``cancel_timeout`` (it still ends ``canceled``: a final ``completed`` after a cancel is
+stored ``canceled``), ``TaskNotFoundError`` for an unknown task, ``TaskNotCancelableError`` for a
+task that ended otherwise, and the stored task again for one already canceled. A task whose
+replica died is ended ``canceled`` by the replica that took the cancel. :class:`BusTaskStore`
+keeps tasks in the bus's Redis; a task that reached a terminal state keeps it.
 """
 
 from __future__ import annotations
 
-from typing import cast
+from collections.abc import AsyncGenerator
+from typing import Any, cast
 
 from a2a.server.agent_execution import AgentExecutor, RequestContext
 from a2a.server.context import ServerCallContext
-from a2a.server.events import EventQueue
+from a2a.server.events import Event, EventQueue
+from a2a.server.request_handlers import DefaultRequestHandler
 from a2a.server.tasks import TaskStore
 from a2a.types import (
+    InvalidParamsError,
+    Message,
     Task,
+    TaskIdParams,
     TaskNotCancelableError,
     TaskNotFoundError,
     TaskState,
     TaskStatus,
     TaskStatusUpdateEvent,
+    UnsupportedOperationError,
 )
 from a2a.utils import new_agent_text_message
 from a2a.utils.errors import ServerError
+from pydantic import TypeAdapter
 
-from cancel_bus import CancelBus, Outcome
+from cancel_bus import CancelBus, CancelMode, RunHandle
 
-from .trpc_agent import bus_session
+from ._a2a_runs import (
+    CANCEL_PENDING,
+    OWNER_LOST,
+    RELAY_EVENT,
+    TaskRuns,
+    Verdict,
+)
 
-__all__ = ["BusAgentExecutor", "BusTaskStore"]
+__all__ = ["BusRequestHandler", "BusTaskStore"]
 
-CANCEL_REASON = "A2A tasks/cancel"
+TERMINAL = frozenset(
+    {TaskState.completed, TaskState.canceled, TaskState.failed, TaskState.rejected}
+)
+_TERMINAL_VALUES = sorted(state.value for state in TERMINAL)
+_EVENT: TypeAdapter[Event] = TypeAdapter(Event)
+
+# KEYS[1] the task; ARGV[1] its state, ARGV[2] its JSON, ARGV[3] the ttl (ms), ARGV[4..] the
+# terminal states. Stores the task unless the stored one is terminal in another state (a
+# terminal state is final; a late save from a lagging writer must not undo it). Returns 1 if
+# stored, 0 if not.
+_SAVE = """
+local task_key = KEYS[1]
+local state, task, ttl_ms = ARGV[1], ARGV[2], ARGV[3]
+local stored = redis.call('HGET', task_key, 'state')
+if stored and stored ~= state then
+  for i = 4, #ARGV do
+    if ARGV[i] == stored then return 0 end
+  end
+end
+redis.call('HSET', task_key, 'state', state, 'task', task)
+redis.call('PEXPIRE', task_key, ttl_ms)
+return 1
+"""
 
 
 class BusTaskStore(TaskStore):
-    """A2A tasks as JSON in the bus's Redis (under its namespace), kept ``ttl`` seconds."""
+    """A2A tasks in the bus's Redis (under its namespace), kept ``ttl`` seconds. A task that
+    reached a terminal state keeps it: a save that would move it elsewhere is ignored."""
 
     def __init__(self, bus: CancelBus, *, ttl: float = 86400.0) -> None:
         self._redis = bus.redis
         self._prefix = f"{bus.keys.prefix}a2a:task:"
         self._ttl_ms = int(ttl * 1000)
+        self._save = bus.redis.register_script(_SAVE)
 
     async def save(self, task: Task, context: ServerCallContext | None = None) -> None:
-        await self._redis.set(self._prefix + task.id, task.model_dump_json(), px=self._ttl_ms)
+        args = [task.status.state.value, task.model_dump_json(), self._ttl_ms]
+        await self._save(keys=[self._prefix + task.id], args=[*args, *_TERMINAL_VALUES])
 
     async def get(self, task_id: str, context: ServerCallContext | None = None) -> Task | None:
-        raw = cast(str | None, await self._redis.get(self._prefix + task_id))
+        raw = cast(str | None, await self._redis.hget(self._prefix + task_id, "task"))
         return Task.model_validate_json(raw) if raw is not None else None
 
     async def delete(self, task_id: str, context: ServerCallContext | None = None) -> None:
         await self._redis.delete(self._prefix + task_id)
 
 
-class BusAgentExecutor(AgentExecutor):
-    """Runs ``executor`` (trpc-agent's A2A service or executor); cancels through the bus."""
+class BusRequestHandler(DefaultRequestHandler):
+    """a2a-sdk's request handler with each task execution a bus run: ``tasks/cancel`` and
+    ``tasks/resubscribe`` work on every replica.
 
-    def __init__(self, executor: AgentExecutor, bus: CancelBus, *, timeout: float = 5.0) -> None:
-        self._executor = executor
-        self._bus = bus
-        self._timeout = timeout
+    ``cancel_timeout``: how long a cancel waits for the task to stop before answering it
+    ``working`` (cancel pending). ``cancel_mode``: the bus mode of ``tasks/cancel``. ``relay``:
+    relay each task's events so any replica can stream them."""
 
-    async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
-        await self._executor.execute(context, event_queue)
+    def __init__(
+        self,
+        bus: CancelBus,
+        *,
+        agent_executor: AgentExecutor,
+        task_store: TaskStore,
+        cancel_timeout: float = 5.0,
+        cancel_mode: CancelMode = CancelMode.CHECKPOINT,
+        relay: bool = True,
+        **options: Any,
+    ) -> None:
+        self._runs = TaskRuns(bus, timeout=cancel_timeout, mode=cancel_mode, relay=relay)
+        executor = _TaskExecutor(agent_executor, self._runs, task_store)
+        super().__init__(agent_executor=executor, task_store=task_store, **options)
 
-    async def cancel(self, context: RequestContext, event_queue: EventQueue) -> None:
-        """Stop the task's run wherever it runs and wait up to ``timeout`` for its owner."""
-        task = context.current_task
+    async def on_cancel_task(
+        self, params: TaskIdParams, context: ServerCallContext | None = None
+    ) -> Task | None:
+        task = await self._stored(params.id, context)
+        if task.status.state is TaskState.canceled:
+            return task
+        if task.status.state in TERMINAL:
+            raise ServerError(_not_cancelable(task))
+        found, result = await self._runs.cancel(task.id)
+        if found is Verdict.STOPPING:
+            if result.run is not None:
+                self._runs.end_if_lost(result.run.run_id, lambda: self._end_lost(task.id))
+            message = new_agent_text_message(CANCEL_PENDING, task.context_id, task.id)
+            status = TaskStatus(state=TaskState.working, message=message)
+            return task.model_copy(update={"status": status})
+        if found is Verdict.LOST:
+            task = await self._end(task.id, OWNER_LOST)
+        elif found is Verdict.IDLE:  # no execution: nothing else stores its end
+            task = await self._end(task.id, "Task was canceled.")
+        else:
+            task = await self._stored(task.id, context)
+            if task.status.state not in TERMINAL:  # the execution ended waiting for input
+                task = await self._end(task.id, "Task was canceled.")
+        if task.status.state is not TaskState.canceled:
+            raise ServerError(_not_cancelable(task))
+        return task
+
+    async def on_resubscribe_to_task(
+        self, params: TaskIdParams, context: ServerCallContext | None = None
+    ) -> AsyncGenerator[Event]:
+        """The SDK's own stream on the replica executing the task; elsewhere its relay."""
+        if params.id in self._runs.local:
+            async for event in super().on_resubscribe_to_task(params, context):
+                yield event
+            return
+        task = await self._stored(params.id, context)
+        if task.status.state in TERMINAL:
+            raise ServerError(
+                InvalidParamsError(message=f"Task {task.id} is in terminal state: {task.status}")
+            )
+        problem = await self._runs.relay_problem(task.id)
+        if problem is not None:
+            raise ServerError(UnsupportedOperationError(message=problem))
+        async for data in self._runs.relayed(task.id):
+            event = _EVENT.validate_python(data)
+            yield event
+            if _is_final(event):
+                return
+        yield await self._stored(task.id, context)  # ended without a final event: as stored
+
+    async def _stored(self, task_id: str, context: ServerCallContext | None) -> Task:
+        task = await self.task_store.get(task_id, context)
         if task is None:
             raise ServerError(TaskNotFoundError())
-        session = _trpc_session(task)
-        if session is None:  # its run has not started (or it is not a trpc-agent task)
-            await event_queue.enqueue_event(_canceled(task, "No active task found"))
-            return
-        result = await self._bus.cancel_session(
-            *bus_session(*session), reason=CANCEL_REASON, timeout=self._timeout
-        )
-        run = result.run
-        if result.outcome is Outcome.NOT_FOUND:
-            await event_queue.enqueue_event(_canceled(task, "No active task found"))
-        elif result.outcome is Outcome.STOPPING:
-            raise ServerError(
-                TaskNotCancelableError(
-                    message=f"cancel recorded, but the task did not stop within {self._timeout}s;"
-                    " it stops at its next checkpoint"
+        return task
+
+    async def _end_lost(self, task_id: str) -> None:
+        await self._end(task_id, OWNER_LOST)
+
+    async def _end(self, task_id: str, text: str) -> Task:
+        """Store the task canceled unless it already ended (no execution will store its end);
+        the task as stored."""
+        task = await self._stored(task_id, None)
+        await _store_end(self.task_store, task, _canceled_status(task, text))
+        return await self._stored(task_id, None)
+
+
+class _TaskExecutor(AgentExecutor):
+    """Runs the wrapped executor as the task's bus run; stores the task's end before the run
+    ends, so a canceller that saw the run end reads it."""
+
+    def __init__(self, executor: AgentExecutor, runs: TaskRuns, store: TaskStore) -> None:
+        self._executor = executor
+        self._runs = runs
+        self._store = store
+
+    async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
+        task_id = cast(str, context.task_id)
+        async with self._runs.executing(task_id) as execution:
+            stored = await self._store.get(task_id)
+            if stored is not None and stored.status.state in TERMINAL:
+                await event_queue.enqueue_event(stored)  # canceled before this execution began
+                return
+            run = execution.run
+            events = _TaskEvents(event_queue, run, relay=self._runs.relay)
+            try:
+                await self._executor.execute(context, events)
+            finally:
+                if run.cancel_requested is not None and events.final is None:
+                    await events.enqueue_event(_canceled_event(context, "Task was canceled."))
+                if isinstance(events.final, TaskStatusUpdateEvent):
+                    await _store_end(self._store, stored or _new_task(context), events.final.status)
+                execution.canceled = events.canceled
+
+    async def cancel(self, context: RequestContext, event_queue: EventQueue) -> None:
+        await self._runs.cancel(cast(str, context.task_id))
+
+
+class _TaskEvents(EventQueue):
+    """What the wrapped executor writes to: each event goes to the task's queue and its relay;
+    once a cancel was requested, a final state other than failed becomes canceled."""
+
+    def __init__(self, queue: EventQueue, run: RunHandle, *, relay: bool) -> None:
+        super().__init__()
+        self._queue = queue
+        self._run = run
+        self._relay = relay
+        self.final: Event | None = None
+
+    @property
+    def canceled(self) -> bool:
+        final = self.final
+        return isinstance(final, TaskStatusUpdateEvent) and final.status.state is TaskState.canceled
+
+    async def enqueue_event(self, event: Event) -> None:
+        if _is_final(event):
+            if (
+                self._run.cancel_requested is not None
+                and isinstance(event, TaskStatusUpdateEvent)
+                and event.status.state not in (TaskState.canceled, TaskState.failed)
+            ):
+                event = event.model_copy(
+                    update={"status": event.status.model_copy(update={"state": TaskState.canceled})}
                 )
-            )
-        elif run is None or run.end_reason not in ("cancelled", "owner_lost"):
-            ended = run.end_reason if run is not None else "unknown"
-            raise ServerError(TaskNotCancelableError(message=f"the task's run ended: {ended}"))
-        elif run.owner != self._bus.node_id:
-            # the owner's executor reports to its own queue; this replica has no producer
-            await event_queue.enqueue_event(_canceled(task, "Task was cancelled"))
+            self.final = event
+        if self._relay:
+            self._run.emit_event(RELAY_EVENT, event.model_dump(mode="json", exclude_none=True))
+        await self._queue.enqueue_event(event)
 
 
-def _trpc_session(task: Task) -> tuple[str, str, str] | None:
-    """The session key trpc-agent's executor wrote in the task's metadata (its working status)."""
-    metadata = task.metadata or {}
-    parts = (metadata.get("app_name"), metadata.get("user_id"), metadata.get("session_id"))
-    if not all(isinstance(part, str) and part for part in parts):
-        return None
-    return cast(tuple[str, str, str], parts)
+def _is_final(event: Event) -> bool:
+    return (
+        isinstance(event, Message)
+        or (isinstance(event, TaskStatusUpdateEvent) and event.final)
+        or (isinstance(event, Task) and event.status.state in TERMINAL)
+    )
 
 
-def _canceled(task: Task, text: str) -> TaskStatusUpdateEvent:
+async def _store_end(store: TaskStore, task: Task, status: TaskStatus) -> None:
+    """Store the task's final status, unless it is already terminal (the latest stored state,
+    with the artifacts saved so far)."""
+    current = await store.get(task.id) or task
+    if current.status.state not in TERMINAL:
+        await store.save(current.model_copy(update={"status": status}))
+
+
+def _new_task(context: RequestContext) -> Task:
+    return Task(
+        id=cast(str, context.task_id),
+        context_id=cast(str, context.context_id),
+        status=TaskStatus(state=TaskState.submitted),
+        history=[context.message] if context.message is not None else None,
+    )
+
+
+def _canceled_status(task: Task, text: str) -> TaskStatus:
     message = new_agent_text_message(text, task.context_id, task.id)
+    return TaskStatus(state=TaskState.canceled, message=message)
+
+
+def _canceled_event(context: RequestContext, text: str) -> TaskStatusUpdateEvent:
+    task = _new_task(context)
     return TaskStatusUpdateEvent(
-        task_id=task.id,
-        context_id=task.context_id,
-        status=TaskStatus(state=TaskState.canceled, message=message),
-        final=True,
+        task_id=task.id, context_id=task.context_id, status=_canceled_status(task, text), final=True
+    )
+
+
+def _not_cancelable(task: Task) -> TaskNotCancelableError:
+    return TaskNotCancelableError(
+        message=f"Task cannot be canceled - current state: {task.status.state.value}"
     )

@@ -1,4 +1,4 @@
-"""A2A (a2a-sdk 1.x, trpc-agent's ``a2a_v1`` service): a cooperative ``tasks/cancel`` on any
+"""A2A (a2a-sdk 1.x, trpc-agent's ``a2a_v1`` service): ``CancelTask`` (JSON-RPC and REST) on any
 replica of a task.
 
     trpc_agent.install(bus)  # every replica, on the loop of the A2A server
@@ -6,87 +6,272 @@ replica of a task.
         bus,
         agent_executor=service,  # trpc_agent_sdk.server.a2a_v1.TrpcA2aAgentService
         task_store=VersionedDatabaseTaskStore(engine),  # shared by the replicas
+        event_stream=DatabaseTaskEventStream(engine),  # SubscribeToTask on any replica
         agent_card=card,
     )
     app = create_a2a_application(service, request_handler=handler)
 
-a2a-sdk 1.x cancels a task running on another replica by writing ``CANCELED`` to the shared task
-store; the owner notices when it next saves and cancels its producer mid-await, so the agent's
-partial output is lost. :class:`BusRequestHandler` first cancels the task's trpc-agent run
-through the bus (the session key is in the task's metadata): it stops at its next checkpoint on
-whichever replica runs it, trpc-agent saves its partial output, and the owner's executor ends the
-task ``canceled`` (its streaming clients see it). The SDK's own path then finds the task
-canceled. A run that does not reach a checkpoint within ``cancel_timeout`` is not killed: the
-cancel fails with ``TaskNotCancelableError`` and is honoured at the run's next checkpoint.
+a2a-sdk 1.x cancels a task running on another replica by writing ``CANCELED`` to the shared
+store; the owner notices at its next save and kills its producer mid-await, losing the agent's
+partial output. Here each execution of a task is a bus run instead (see ``_a2a_runs.py``), and
+``CancelTask`` on any replica cancels it cooperatively: the agent stops at its next checkpoint
+(or as the bus mode asks), trpc-agent keeps its partial output, the owner's executor ends the task
+``CANCELED`` and the run ends once the store has it. The answers are those of the 0.3 adapter
+(``a2a.py``): ``CANCELED`` once stopped, ``WORKING`` with a status message while a cancel is
+pending (the task still ends ``CANCELED``), ``TaskNotFoundError``, ``TaskNotCancelableError``
+(REST 400 ``TASK_NOT_CANCELABLE``) for a task that ended otherwise, the stored task again for one
+already canceled, and ``CANCELED`` for a task whose replica died.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import asyncio
+import contextlib
+from collections.abc import AsyncGenerator
+from typing import Any, cast
 
-from a2a.server.agent_execution.active_task import TERMINAL_TASK_STATES
-from a2a.server.cluster import StoredTask
+from a2a.helpers import new_text_message
+from a2a.server.agent_execution import AgentExecutor, RequestContext
+from a2a.server.agent_execution.active_task import INTERRUPTED_TASK_STATES, TERMINAL_TASK_STATES
+from a2a.server.cluster import (
+    ConcurrentTaskModificationError,
+    LegacyTaskStoreAdapter,
+    StoredTask,
+    TaskVersion,
+    VersionedTaskStore,
+)
 from a2a.server.context import ServerCallContext
+from a2a.server.events.event_queue import Event, EventQueue
 from a2a.server.request_handlers import DefaultRequestHandlerV2
-from a2a.types.a2a_pb2 import CancelTaskRequest, Task, TaskState
-from a2a.utils.errors import TaskNotCancelableError
+from a2a.server.tasks import TaskStore
+from a2a.types.a2a_pb2 import (
+    CancelTaskRequest,
+    ListTasksRequest,
+    ListTasksResponse,
+    SubscribeToTaskRequest,
+    Task,
+    TaskState,
+    TaskStatus,
+    TaskStatusUpdateEvent,
+)
+from a2a.utils.errors import TaskNotCancelableError, TaskNotFoundError, UnsupportedOperationError
 
-from cancel_bus import CancelBus, Outcome
+from cancel_bus import CancelBus, CancelMode, RunHandle
 
-from .trpc_agent import bus_session
+from ._a2a_runs import CANCEL_PENDING, OWNER_LOST, TaskRuns, Verdict
 
 __all__ = ["BusRequestHandler"]
 
-CANCEL_REASON = "A2A CancelTask"
-_SESSION = ("app_name", "user_id", "session_id")  # written by trpc-agent's executor
+CANCELED = TaskState.TASK_STATE_CANCELED
+ENDS = TERMINAL_TASK_STATES | INTERRUPTED_TASK_STATES  # the states an execution ends in
+STORE_TIMEOUT = 5.0  # how long an execution waits for its end to be stored
 
 
 class BusRequestHandler(DefaultRequestHandlerV2):
-    """a2a-sdk's request handler whose ``CancelTask`` first stops the task's run via the bus."""
+    """a2a-sdk's request handler with each task execution a bus run: ``CancelTask`` works on
+    every replica.
 
-    def __init__(self, bus: CancelBus, *, cancel_timeout: float = 5.0, **options: Any) -> None:
-        super().__init__(**options)
-        self._bus = bus
-        self._cancel_timeout = cancel_timeout
+    ``cancel_timeout``: how long a cancel waits for the task to stop before answering it
+    ``WORKING`` (cancel pending). ``cancel_mode``: the bus mode of ``CancelTask``. Pass the
+    SDK's ``event_stream=`` for ``SubscribeToTask`` on any replica."""
+
+    def __init__(
+        self,
+        bus: CancelBus,
+        *,
+        agent_executor: AgentExecutor,
+        task_store: TaskStore | VersionedTaskStore,
+        cancel_timeout: float = 5.0,
+        cancel_mode: CancelMode = CancelMode.CHECKPOINT,
+        **options: Any,
+    ) -> None:
+        self._runs = TaskRuns(bus, timeout=cancel_timeout, mode=cancel_mode, relay=False)
+        if not isinstance(task_store, VersionedTaskStore):
+            task_store = LegacyTaskStoreAdapter(task_store)
+        store = _EndsStore(task_store)
+        executor = _TaskExecutor(agent_executor, self._runs, store)
+        super().__init__(agent_executor=executor, task_store=store, **options)
+        self._store = store
 
     async def on_cancel_task(
         self, params: CancelTaskRequest, context: ServerCallContext
     ) -> Task | None:
-        task = await self._stored_task(params.id, context)
-        session = _trpc_session(task) if task is not None else None
-        if session is None:  # unknown, ended, or no run started yet: the SDK answers
-            return await self._sdk_cancel(params, context)
-        result = await self._bus.cancel_session(
-            *bus_session(*session), reason=CANCEL_REASON, timeout=self._cancel_timeout
-        )
-        if result.outcome is Outcome.STOPPING:
-            raise TaskNotCancelableError(
-                message=f"cancel recorded, but the task did not stop within "
-                f"{self._cancel_timeout}s; it stops at its next checkpoint"
-            )
-        try:
-            return await self._sdk_cancel(params, context)
-        except TaskNotCancelableError:
-            task = await self._stored_task(params.id, context)
-            if task is not None and task.status.state == TaskState.TASK_STATE_CANCELED:
-                return task  # the owner's executor recorded it first
-            raise
-
-    async def _sdk_cancel(
-        self, params: CancelTaskRequest, context: ServerCallContext
-    ) -> Task | None:
-        task: Task | None = await super().on_cancel_task(params, context)
+        task = await self._stored(params.id, context)
+        if task.status.state == CANCELED:
+            return task
+        if task.status.state in TERMINAL_TASK_STATES:
+            raise _not_cancelable(task)
+        found, result = await self._runs.cancel(task.id)
+        if found is Verdict.STOPPING:
+            if result.run is not None:
+                self._runs.end_if_lost(result.run.run_id, lambda: self._end_lost(task.id))
+            pending = Task()
+            pending.CopyFrom(task)
+            pending.status.CopyFrom(_status(task, TaskState.TASK_STATE_WORKING, CANCEL_PENDING))
+            return pending
+        if found is Verdict.LOST:
+            task = await self._end(task.id, OWNER_LOST, context)
+        elif found is Verdict.IDLE:  # no execution: nothing else stores its end
+            task = await self._end(task.id, "Task was canceled.", context)
+        else:
+            task = await self._stored(task.id, context)
+            if task.status.state not in TERMINAL_TASK_STATES:  # it ended waiting for input
+                task = await self._end(task.id, "Task was canceled.", context)
+        if task.status.state != CANCELED:
+            raise _not_cancelable(task)
         return task
 
-    async def _stored_task(self, task_id: str, context: ServerCallContext) -> Task | None:
-        stored = await self.task_store.get(task_id, context)
-        return stored.task if isinstance(stored, StoredTask) else stored
+    async def on_subscribe_to_task(
+        self, params: SubscribeToTaskRequest, context: ServerCallContext
+    ) -> AsyncGenerator[Event, None]:
+        """The SDK's; on a replica not executing the task without an ``event_stream``, an error
+        that says so (instead of the SDK's "not found")."""
+        if self._event_stream is None and params.id not in self._runs.local:
+            executing = await self._runs.executing_on(params.id)
+            if executing is not None:
+                raise UnsupportedOperationError(
+                    message=f"task {params.id} executes on replica {executing}: subscribe there,"
+                    " or give the replicas a shared event_stream"
+                )
+        async for event in super().on_subscribe_to_task(params, context):
+            yield event
+
+    async def _stored(self, task_id: str, context: ServerCallContext) -> Task:
+        stored = await self._store.get(task_id, context)
+        if stored is None:
+            raise TaskNotFoundError
+        return stored.task
+
+    async def _end_lost(self, task_id: str) -> None:
+        await self._end(task_id, OWNER_LOST, ServerCallContext())
+
+    async def _end(self, task_id: str, text: str, context: ServerCallContext) -> Task:
+        """Store the task canceled unless it already ended (no execution will store its end);
+        the task as stored."""
+        stored = await self._store.get(task_id, context)
+        if stored is None:
+            raise TaskNotFoundError
+        task = stored.task
+        if task.status.state in TERMINAL_TASK_STATES:
+            return task
+        current = Task()
+        current.CopyFrom(task)
+        current.status.CopyFrom(_status(task, CANCELED, text))
+        try:
+            return await self._write_cancel(task_id, current, stored.version, context)
+        except ConcurrentTaskModificationError:  # it ended meanwhile
+            return await self._stored(task_id, context)
 
 
-def _trpc_session(task: Task) -> tuple[str, str, str] | None:
-    """The session key of a running task, from the metadata trpc-agent's executor wrote."""
-    if task.status.state in TERMINAL_TASK_STATES:
-        return None
-    fields = task.metadata.fields
-    parts = tuple(fields[name].string_value if name in fields else "" for name in _SESSION)
-    return (parts[0], parts[1], parts[2]) if all(parts) else None
+class _EndsStore(VersionedTaskStore):
+    """The task store, telling the executions when their task's end is stored."""
+
+    def __init__(self, store: VersionedTaskStore) -> None:
+        self._store = store
+        self._waiting: dict[str, asyncio.Event] = {}
+
+    def expect_end(self, task_id: str) -> asyncio.Event:
+        return self._waiting.setdefault(task_id, asyncio.Event())
+
+    def forget(self, task_id: str) -> None:
+        self._waiting.pop(task_id, None)
+
+    async def save(
+        self,
+        task: Task,
+        *,
+        event: Event | None,
+        prev: Task | None,
+        prev_version: TaskVersion,
+        context: ServerCallContext,
+    ) -> TaskVersion:
+        version = await self._store.save(
+            task, event=event, prev=prev, prev_version=prev_version, context=context
+        )
+        if task.status.state in ENDS and task.id in self._waiting:
+            self._waiting[task.id].set()
+        return version
+
+    async def get(self, task_id: str, context: ServerCallContext) -> StoredTask | None:
+        return await self._store.get(task_id, context)
+
+    async def list(self, params: ListTasksRequest, context: ServerCallContext) -> ListTasksResponse:
+        return await self._store.list(params, context)
+
+    async def delete(self, task_id: str, context: ServerCallContext) -> None:
+        await self._store.delete(task_id, context)
+
+
+class _TaskExecutor(AgentExecutor):
+    """Runs the wrapped executor as the task's bus run; the run ends once the task's end is
+    stored, so a canceller that saw the run end reads it."""
+
+    def __init__(self, executor: AgentExecutor, runs: TaskRuns, store: _EndsStore) -> None:
+        self._executor = executor
+        self._runs = runs
+        self._store = store
+
+    async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
+        task_id = cast(str, context.task_id)
+        async with self._runs.executing(task_id) as execution:
+            stored = self._store.expect_end(task_id)
+            events = _TaskEvents(event_queue, execution.run)
+            try:
+                await self._executor.execute(context, events)
+                if execution.run.cancel_requested is not None and events.final is None:
+                    await events.enqueue_event(_canceled_event(context))
+                if events.final is not None:
+                    with contextlib.suppress(TimeoutError):  # then a canceller reads it later
+                        await asyncio.wait_for(stored.wait(), STORE_TIMEOUT)
+            finally:
+                self._store.forget(task_id)
+                execution.canceled = events.canceled
+
+    async def cancel(self, context: RequestContext, event_queue: EventQueue) -> None:
+        await self._runs.cancel(cast(str, context.task_id))
+
+
+class _TaskEvents(EventQueue):
+    """What the wrapped executor writes to: once a cancel was requested, an end other than
+    failed becomes canceled."""
+
+    def __init__(self, queue: EventQueue, run: RunHandle) -> None:
+        self._queue = queue
+        self._run = run
+        self.final: TaskStatusUpdateEvent | None = None
+
+    @property
+    def canceled(self) -> bool:
+        return self.final is not None and self.final.status.state == CANCELED
+
+    async def enqueue_event(self, event: Event) -> None:
+        if isinstance(event, TaskStatusUpdateEvent) and event.status.state in ENDS:
+            if (
+                self._run.cancel_requested is not None
+                and event.status.state != TaskState.TASK_STATE_FAILED
+            ):
+                canceled = TaskStatusUpdateEvent()
+                canceled.CopyFrom(event)
+                canceled.status.state = CANCELED
+                event = canceled
+            self.final = event
+        await self._queue.enqueue_event(event)
+
+
+def _status(task: Task, state: TaskState, text: str) -> TaskStatus:
+    message = new_text_message(text, context_id=task.context_id, task_id=task.id)
+    return TaskStatus(state=state, message=message)
+
+
+def _canceled_event(context: RequestContext) -> TaskStatusUpdateEvent:
+    task = Task(id=cast(str, context.task_id), context_id=cast(str, context.context_id))
+    return TaskStatusUpdateEvent(
+        task_id=task.id,
+        context_id=task.context_id,
+        status=_status(task, CANCELED, "Task was canceled."),
+    )
+
+
+def _not_cancelable(task: Task) -> TaskNotCancelableError:
+    state = TaskState.Name(task.status.state)
+    return TaskNotCancelableError(message=f"Task cannot be canceled - current state: {state}")

@@ -9,10 +9,11 @@
 
 A bus cancel becomes the SDK's own ``result.cancel(mode=...)``. ``immediate``: the bus cancels the
 consuming task and the SDK cancels its run loop (the model stream or tool call in flight is
-interrupted). ``checkpoint`` and ``after_turn``: the SDK's ``after_turn``, handed over at the next
-stream event; the turn in progress completes, tools included, and no new turn starts. Text deltas
-are emitted to the run, so a cancelled run keeps its partial output. A run the cancel stopped
-before its final output raises ``RunCancelled`` out of the loop, which the bus scope records as
+interrupted). ``checkpoint``: the stream stops at its next event (each one a checkpoint) and the
+SDK's run is cancelled there. ``after_turn``: handed to the SDK as ``after_turn`` when the cancel
+arrives; the turn in progress completes, tools included, and no new turn starts. Text deltas are
+emitted to the run, so a cancelled run keeps its partial output. A run the cancel stopped before
+its final output raises ``RunCancelled`` out of the loop, which the bus scope records as
 ``cancelled`` and suppresses; a run that reached its final output anyway ends the block normally
 (recorded ``cancelled``, ``end_reason`` ``completed``).
 """
@@ -22,7 +23,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing, asynccontextmanager
-from typing import Literal, cast
+from typing import cast
 
 from agents import (
     RawResponsesStreamEvent,
@@ -33,12 +34,7 @@ from agents import (
 )
 from openai.types.responses import ResponseTextDeltaEvent
 
-from cancel_bus import CancelMode, RunHandle
-
-
-def sdk_mode(mode: CancelMode) -> Literal["immediate", "after_turn"]:
-    """The SDK's cancel mode for a bus mode: only ``immediate`` interrupts a turn."""
-    return "immediate" if mode is CancelMode.IMMEDIATE else "after_turn"
+from cancel_bus import CancelMode, CancelRequest, RunCancelled, RunHandle
 
 
 @asynccontextmanager
@@ -49,6 +45,12 @@ async def stream_events(
 
     Leaving the block early (an exception, a ``break``) cancels the agent run (``immediate``), so
     nothing of it outlives its bus run; the exit waits for the SDK's run loop to unwind."""
+
+    def hand_over(request: CancelRequest) -> None:
+        if request.mode is CancelMode.AFTER_TURN:
+            result.cancel("after_turn")  # a flag the SDK reads at its next turn boundary
+
+    run.add_cancel_callback(hand_over)
     events = _bridge(run, result)
     try:
         yield events
@@ -61,18 +63,16 @@ async def stream_events(
 
 
 async def _bridge(run: RunHandle, result: RunResultStreaming) -> AsyncGenerator[StreamEvent, None]:
-    handed_over = False
     sdk_events = cast("AsyncGenerator[StreamEvent, None]", result.stream_events())
     async with aclosing(sdk_events):
         async for event in sdk_events:
             _record(run, event)
             yield event
-            # before the SDK's next event: it acknowledges this one only then, and waits for that
-            # acknowledgement at the turn boundary where it honours ``after_turn``
-            request = run.cancel_requested
-            if request is not None and not handed_over:
-                handed_over = True
-                result.cancel(sdk_mode(request.mode))
+            try:
+                run.checkpoint()  # every event is a checkpoint
+            except RunCancelled:
+                result.cancel("immediate")  # first: closing its stream waits for its run loop
+                raise
     if run.cancel_requested is not None and result.final_output is None:
         run.turn_boundary()
 

@@ -9,8 +9,16 @@
 Every cancel path of trpc-agent (``Runner.cancel_run_async``, ``cancel.cancel_run`` used by AG-UI,
 ``ctx.raise_if_cancelled()``, the A2A executors) goes through one process-wide manager,
 ``trpc_agent_sdk.cancel._cancel._manager``; ``install`` puts a :class:`BusCancellationManager`
-there. Each run is a bus run of its session key, so the key has one active run in the cluster and
-a ``cancel_run`` on any node reaches it; ``is_cancelled`` and ``get_cancel_event`` stay local.
+there, and wraps ``Runner.run_async``. Each run is a bus run of its session key, so the key has one
+active run in the cluster and a ``cancel_run`` on any node reaches it; ``is_cancelled`` and
+``get_cancel_event`` stay local.
+
+Modes: ``checkpoint`` stops at the next ``ctx.raise_if_cancelled()``; ``after_turn`` at the first
+checkpoint after a turn (a model response and the tool calls it asked for) completed;
+``immediate`` interrupts the await in progress. Each ends the run as trpc-agent ends a cancelled
+one: ``AgentCancelledEvent``, the partial text saved in the session with its cancel marker. A
+cancel that lands between ``run_async`` and the run's registration is held for it (see
+``_held.py``).
 
 Fixed on the way (trpc-agent's own manager has these single-node defects): every ``cancel_run``
 caller gets an Event that is set, not only the last one; a finished run's ``cleanup_run`` never
@@ -28,14 +36,20 @@ import logging
 import re
 import sys
 import threading
-from collections.abc import Coroutine, Mapping
-from contextlib import AbstractAsyncContextManager
+from collections.abc import AsyncGenerator, Coroutine, Iterator, Mapping
+from contextlib import AbstractAsyncContextManager, aclosing, contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any
+from typing import Any, TypeVar
 
-from trpc_agent_sdk.cancel import SessionKey, _cancel  # type: ignore[import-untyped]
+from trpc_agent_sdk.cancel import (  # type: ignore[import-untyped]
+    SessionKey,
+    _cancel,
+    handle_cancellation_session_cleanup,
+)
+from trpc_agent_sdk.events import AgentCancelledEvent, Event  # type: ignore[import-untyped]
+from trpc_agent_sdk.runners import Runner  # type: ignore[import-untyped]
 
 from cancel_bus import (
     ID_PATTERN,
@@ -51,7 +65,16 @@ from cancel_bus import (
     SessionBusy,
 )
 
-__all__ = ["SUPPORTED", "BusCancellationManager", "bus_session", "install", "uninstall"]
+from ._held import HeldCancels
+
+__all__ = [
+    "SUPPORTED",
+    "BusCancellationManager",
+    "RunGroup",
+    "bus_session",
+    "install",
+    "uninstall",
+]
 
 log = logging.getLogger("cancel_bus.integrations.trpc_agent")
 
@@ -78,8 +101,11 @@ _FUNCTIONS = (
     "raise_if_cancelled",
     "get_cancel_event",
 )
+_RUN_ASYNC = ("self", "user_id", "session_id", "new_message", "run_config", "agent_context")
 _ID_RE = re.compile(ID_PATTERN)
+T = TypeVar("T")
 _INSTALL_LOCK = threading.Lock()
+_ORIGINAL_RUN_ASYNC = Runner.run_async
 
 
 def bus_session(app_name: str, user_id: str, session_id: str) -> tuple[str, str, str]:
@@ -96,7 +122,8 @@ def _bus_id(value: str) -> str:
 
 @dataclass(eq=False)
 class _LocalRun:
-    """One run of a session key on this node: its bus scope and the Events handed out for it."""
+    """One run of a session key on this node: its bus scope, the Events handed out for it, and
+    what its event stream showed (for turn boundaries and an interrupted run's partial text)."""
 
     key: Any  # SessionKey
     scope: AbstractAsyncContextManager[RunHandle]
@@ -106,16 +133,40 @@ class _LocalRun:
     observed: RunCancelled | None = None
     watching: bool = False
     finished: bool = False
+    interrupted: bool = False  # an immediate cancel interrupted it (its CancelledError was ours)
+    at_boundary: bool = True  # the next checkpoint is a turn boundary (the run's first is)
+    pending_calls: set[str] = field(default_factory=set)
+    partial: list[str] = field(default_factory=list)  # text streamed since the last whole event
+    last_event: Any = None  # Event
 
     def poll(self) -> bool:
-        """The hot path: True once a cancel was delivered (an attribute test on the token)."""
+        """The hot path: True once a cancel was delivered (attribute tests on the token);
+        ``after_turn`` only at a turn boundary."""
         try:
             self.handle.checkpoint()
+            if self.at_boundary:
+                self.at_boundary = False
+                self.handle.turn_boundary()
         except RunCancelled as exc:
             self.observed = exc
             self.cancel_event.set()
             return True
         return False
+
+    def track(self, event: Any) -> None:
+        """Follow the run's events: a whole event that leaves no tool call unanswered ends a
+        turn (a final answer, or the results of every call the model asked for)."""
+        self.last_event = event
+        if event.partial:
+            self.partial.append(event.get_text())
+            self.at_boundary = False
+            return
+        self.partial.clear()
+        if event.content is None:
+            return
+        self.pending_calls.update(call.id for call in event.get_function_calls())
+        self.pending_calls.difference_update(r.id for r in event.get_function_responses())
+        self.at_boundary = not self.pending_calls
 
     def event(self) -> asyncio.Event:
         """The Event set when a cancel (other than ``after_turn``) is delivered."""
@@ -128,24 +179,137 @@ class _LocalRun:
         if request.mode is not CancelMode.AFTER_TURN:
             self.cancel_event.set()
 
+    async def end_interrupted(self, runner: Any) -> Any:
+        """Save the partial text with trpc-agent's cancel marker, as trpc-agent does for a run
+        stopped at a checkpoint; the ``AgentCancelledEvent`` to end the stream with."""
+        last = self.last_event
+        invocation_id = last.invocation_id if last is not None else Event.new_id()
+        author = last.author if last is not None else runner.agent.name
+        branch = last.branch if last is not None else None
+        sessions = runner.session_service
+        session = await sessions.get_session(
+            app_name=self.key.app_name, user_id=self.key.user_id, session_id=self.key.session_id
+        )
+        if session is not None:
+            await handle_cancellation_session_cleanup(
+                session=session,
+                session_service=sessions,
+                invocation_id=invocation_id,
+                agent_name=author,
+                branch=branch,
+                temp_text="".join(self.partial),
+            )
+            await sessions.update_session(session=session)
+        return AgentCancelledEvent(
+            invocation_id=invocation_id,
+            author=author,
+            reason=f"Run for session {self.key.session_id} was cancelled (immediate)",
+            branch=branch,
+        )
+
+
+@dataclass(eq=False)
+class _Start:
+    """One ``Runner.run_async`` call until its run registers: when it was asked for (bus clock)
+    and the group it was started in."""
+
+    key: Any  # SessionKey
+    called_at: float
+    group: RunGroup | None
+    run: _LocalRun | None = None
+
+
+class RunGroup:
+    """The trpc-agent runs started while :meth:`collecting` (an A2A task's execution): a cancel
+    of the group reaches each of them with its mode, including runs that register later."""
+
+    def __init__(self) -> None:
+        self.request: CancelRequest | None = None
+        self.runs: list[_LocalRun] = []
+        self._nodes: list[_Node] = []
+
+    @contextmanager
+    def collecting(self) -> Iterator[None]:
+        """Runs started (``run_async`` called) in this block join the group."""
+        token = _GROUP.set(self)
+        try:
+            yield
+        finally:
+            _GROUP.reset(token)
+
+    def cancel(self, request: CancelRequest) -> None:
+        """Cancel the group's runs, now and as they register (a stronger mode escalates). Safe
+        to call from a bus callback: the cancels are sent in the background."""
+        if self.request is not None and request.mode.strength <= self.request.mode.strength:
+            return
+        self.request = request
+        for node, run in zip(self._nodes, self.runs, strict=True):
+            node.spawn(node.forward(run, request))
+
+    async def _attach(self, node: _Node, run: _LocalRun) -> None:
+        self._nodes.append(node)
+        self.runs.append(run)
+        if self.request is not None:
+            await node.forward(run, self.request)
+
 
 # The runs registered in this context, by key: ``cleanup_run`` ends the caller's own run.
 _CONTEXT_RUNS: ContextVar[Mapping[Any, _LocalRun]] = ContextVar(
     "cancel_bus_trpc_runs", default=MappingProxyType({})
 )
+_GROUP: ContextVar[RunGroup | None] = ContextVar("cancel_bus_trpc_group", default=None)
 
 
 class _Node:
     """The runs of one bus (one event loop): session key -> its current local run."""
 
-    def __init__(self, bus: CancelBus, busy_timeout: float) -> None:
+    def __init__(self, bus: CancelBus, busy_timeout: float, start_grace: float) -> None:
         self.bus = bus
         self.busy_timeout = busy_timeout
+        self.start_grace = start_grace
+        self.held = HeldCancels(bus)
         self.runs: dict[Any, _LocalRun] = {}
+        self.starting: dict[Any, list[_Start]] = {}
         self.remote: dict[str, list[asyncio.Event]] = {}
-        self.tasks: set[asyncio.Task[None]] = set()
+        self.tasks: set[asyncio.Task[Any]] = set()
 
-    async def start(self, key: Any) -> _LocalRun:
+    def take_start(self, key: Any) -> _Start:
+        """The oldest ``run_async`` call of ``key`` that has not registered (or, for a direct
+        ``register_run``, a start asked for now)."""
+        waiting = self.starting.get(key)
+        if waiting:
+            return waiting.pop(0)
+        return _Start(key, self.bus.clock(), _GROUP.get())
+
+    async def start(self, start: _Start) -> _LocalRun:
+        """Register a bus run for the start's key and apply the cancels meant for it: one held
+        since it was asked for (any node), its group's."""
+        run = await self._register(start.key)
+        start.run = run
+        try:
+            session = bus_session(start.key.app_name, start.key.user_id, start.key.session_id)
+            held = await self.held.claim(session, run.handle.run_id, start.called_at)
+            if held is not None:
+                await self.forward(run, held)
+            if start.group is not None:
+                await start.group._attach(self, run)
+        except BaseException:
+            await self.finish(run)  # trpc-agent calls no cleanup_run for a failed registration
+            raise
+        return run
+
+    async def forward(self, run: _LocalRun, request: CancelRequest) -> None:
+        """Cancel ``run`` as ``request`` asks (recorded on the bus; delivered here)."""
+        if not run.finished:
+            await self.bus.cancel(
+                run.handle.run_id,
+                mode=request.mode,
+                reason=request.reason,
+                requested_by=request.requested_by,
+                wait=False,
+            )
+
+    async def _register(self, key: Any) -> _LocalRun:
         """Register a bus run for ``key``; a run of the key that is stopping is waited for."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.busy_timeout
@@ -174,10 +338,10 @@ class _Node:
             return run
 
     async def cancel(self, key: Any) -> asyncio.Event | None:
-        result = await self.bus.cancel_session(
-            *bus_session(key.app_name, key.user_id, key.session_id),
+        result = await self.held.cancel_session(
+            bus_session(key.app_name, key.user_id, key.session_id),
             reason=CANCEL_REASON,
-            wait=False,
+            grace=self.start_grace,
         )
         if result.outcome is Outcome.NOT_FOUND:
             return None
@@ -193,7 +357,7 @@ class _Node:
             self.remote[result.run.run_id].append(done)
         else:
             self.remote[result.run.run_id] = [done]
-            self._spawn(self._await_remote_end(result.run.run_id))
+            self.spawn(self._await_remote_end(result.run.run_id))
         return done
 
     async def finish(self, run: _LocalRun) -> None:
@@ -206,7 +370,8 @@ class _Node:
             if exc is None:
                 await run.scope.__aexit__(None, None, None)
             else:
-                await run.scope.__aexit__(type(exc), exc, exc.__traceback__)
+                ours = await run.scope.__aexit__(type(exc), exc, exc.__traceback__)
+                run.interrupted = isinstance(exc, asyncio.CancelledError) and bool(ours)
         finally:
             for event in run.cleanup_events:
                 event.set()
@@ -236,10 +401,12 @@ class _Node:
         for event in self.remote.pop(run_id, ()):
             event.set()
 
-    def _spawn(self, job: Coroutine[Any, Any, None]) -> None:
-        task: asyncio.Task[None] = asyncio.create_task(job)
+    def spawn(self, job: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
+        """Run ``job`` in the background, referenced until it ends; close() cancels it."""
+        task = asyncio.create_task(job)
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
+        return task
 
 
 class BusCancellationManager:
@@ -260,7 +427,7 @@ class BusCancellationManager:
         if node is None:
             return await self.fallback.register_run(app_name, user_id, session_id)
         key = SessionKey(app_name, user_id, session_id)
-        run = await node.start(key)
+        run = await node.start(node.take_start(key))
         _CONTEXT_RUNS.set(MappingProxyType({**_CONTEXT_RUNS.get(), key: run}))
         return key
 
@@ -268,14 +435,20 @@ class BusCancellationManager:
         self, app_name: str, user_id: str, session_id: str
     ) -> asyncio.Event | None:
         """Ask the key's run to stop, on whichever node runs it. None if no node runs the key,
-        else an Event (of the caller's loop) set once the run's cleanup ran on its owner."""
+        else an Event (of the caller's loop) set once the run's cleanup ran on its owner.
+
+        The cancel is carried out even if the caller is being cancelled: trpc-agent's AG-UI
+        service calls this in the ``finally`` of a stream its client closed, under an anyio
+        cancel scope that fails every await there."""
         node = self._node()
         if node is None:
             result: asyncio.Event | None = await self.fallback.cancel_run(
                 app_name, user_id, session_id
             )
             return result
-        return await node.cancel(SessionKey(app_name, user_id, session_id))
+        return await asyncio.shield(
+            node.spawn(node.cancel(SessionKey(app_name, user_id, session_id)))
+        )
 
     async def is_cancelled(self, session_key: Any) -> bool:
         """True once a cancel was delivered to this node's run of the key (no I/O)."""
@@ -325,12 +498,14 @@ class BusCancellationManager:
             return None
 
 
-def install(bus: CancelBus, *, busy_timeout: float = 10.0) -> None:
+def install(bus: CancelBus, *, busy_timeout: float = 10.0, start_grace: float = 1.0) -> None:
     """Make trpc-agent's cancel API cluster-wide through ``bus`` on the running event loop.
 
     Call it on the loop that runs the Runners, once the bus is started. ``busy_timeout``: how long
     a new run of a session key waits for the key's stopping run to end before ``SessionBusy``.
-    Raises ``RuntimeError`` if this trpc-agent version moved the internals this relies on."""
+    ``start_grace``: how long a ``cancel_run`` that finds no run of the key waits for one asked
+    for before it to register (and then cancels it). Raises ``RuntimeError`` if this trpc-agent
+    version moved the internals this relies on."""
     loop = _running_loop("install")
     with _INSTALL_LOCK:
         module = _checked_cancel_module()
@@ -339,8 +514,9 @@ def install(bus: CancelBus, *, busy_timeout: float = 10.0) -> None:
             manager = BusCancellationManager(fallback=manager)
         if loop in manager._nodes:
             raise RuntimeError("a bus is already installed for trpc-agent on this event loop")
-        manager._nodes[loop] = _Node(bus, busy_timeout)
+        manager._nodes[loop] = _Node(bus, busy_timeout, start_grace)
         module._manager = manager
+        Runner.run_async = _run_async
 
 
 def uninstall() -> None:
@@ -356,6 +532,46 @@ def uninstall() -> None:
         del manager._nodes[loop]
         if not manager._nodes:
             module._manager = manager.fallback
+            Runner.run_async = _ORIGINAL_RUN_ASYNC
+
+
+def _run_async(self: Any, **kwargs: Any) -> AsyncGenerator[Any, None]:
+    """``Runner.run_async`` while installed: notes when the run was asked for, follows its
+    events, ends a cancelled run's cleanup when it yields ``AgentCancelledEvent``, and ends a run
+    interrupted by an ``immediate`` cancel as a cancelled one."""
+    events = _ORIGINAL_RUN_ASYNC(self, **kwargs)
+    manager = _cancel._manager
+    node = manager._node() if isinstance(manager, BusCancellationManager) else None
+    if node is None:
+        return events  # type: ignore[no-any-return]
+    key = SessionKey(self.app_name, kwargs["user_id"], kwargs["session_id"])
+    return _followed(node, self, _Start(key, node.bus.clock(), _GROUP.get()), events)
+
+
+async def _followed(
+    node: _Node, runner: Any, start: _Start, events: AsyncGenerator[Any, None]
+) -> AsyncGenerator[Any, None]:
+    waiting = node.starting.setdefault(start.key, [])
+    waiting.append(start)
+    try:
+        async with aclosing(events):
+            async for event in events:
+                if start.run is not None:
+                    start.run.track(event)
+                if isinstance(event, AgentCancelledEvent):
+                    # only its cleanup follows: run it now, not when the consumer's reference is
+                    # collected (trpc-agent's A2A executors return without closing the stream)
+                    await events.aclose()
+                yield event
+    except asyncio.CancelledError:
+        if start.run is None or not start.run.interrupted:
+            raise
+        yield await start.run.end_interrupted(runner)
+    finally:
+        if start in waiting:  # it ended before registering
+            waiting.remove(start)
+        if not waiting and node.starting.get(start.key) is waiting:
+            del node.starting[start.key]
 
 
 def _running_loop(what: str) -> asyncio.AbstractEventLoop:
@@ -381,6 +597,8 @@ def _checked_cancel_module() -> Any:
         function = getattr(module, name, None)
         if function is None or "_manager" not in function.__code__.co_names:
             problems.append(f"{name}() does not use _manager")
+    if tuple(inspect.signature(_ORIGINAL_RUN_ASYNC).parameters) != _RUN_ASYNC:
+        problems.append("Runner.run_async")
     if problems:
         version = importlib.metadata.version("trpc-agent-py")
         raise RuntimeError(

@@ -1,6 +1,19 @@
-"""a2a-sdk 0.3 and 1.x cannot be installed together: collect the A2A tests of the one that is."""
+"""Replica processes shared by the integration tests; and as a2a-sdk 0.3 and 1.x cannot be
+installed together, only the A2A tests of the one that is are collected."""
 
+import uuid
+from collections.abc import Iterator
 from importlib.metadata import PackageNotFoundError, version
+
+import pytest
+
+from node.embedded import EmbeddedServer
+
+from .replica import Replica, running
+
+TRPC_REPLICA = "tests.integrations.trpc_replica"
+A2A_V1_REPLICA = "tests.integrations.a2a_v1_replica"
+AGENTS_REPLICA = "tests.integrations.agents_replica"
 
 _A2A_TESTS = {"0": "test_a2a.py", "1": "test_a2a_v1.py"}
 
@@ -10,3 +23,34 @@ except PackageNotFoundError:
     _MAJOR = ""
 
 collect_ignore = [name for major, name in _A2A_TESTS.items() if major != _MAJOR]
+
+
+@pytest.fixture(scope="session")
+def replica_namespace() -> str:
+    """The namespace of the replica processes shared by the tests of a session."""
+    return f"t-{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture(scope="session")
+def trpc_replicas(redis_server: EmbeddedServer, replica_namespace: str) -> Iterator[list[Replica]]:
+    """Replicas A and B of trpc-agent (and its A2A service), as OS processes."""
+    with running(TRPC_REPLICA, 2, redis_server.url, replica_namespace) as replicas:
+        yield replicas
+
+
+@pytest.fixture(scope="session")
+def a2a_v1_replicas(
+    redis_server: EmbeddedServer, replica_namespace: str
+) -> Iterator[list[Replica]]:
+    """Replicas A and B of trpc-agent's a2a-sdk 1.x service, as OS processes."""
+    with running(A2A_V1_REPLICA, 2, redis_server.url, replica_namespace) as replicas:
+        yield replicas
+
+
+@pytest.fixture(scope="session")
+def agents_replicas(
+    redis_server: EmbeddedServer, replica_namespace: str
+) -> Iterator[list[Replica]]:
+    """Replicas A and B of the openai-agents and LangGraph integrations, as OS processes."""
+    with running(AGENTS_REPLICA, 2, redis_server.url, replica_namespace) as replicas:
+        yield replicas

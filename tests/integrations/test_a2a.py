@@ -1,219 +1,305 @@
-"""A2A over HTTP: two servers of trpc-agent's A2A service (each on its own loop and port, each
-with its own bus) on one real Redis server, driven by the real a2a-sdk client."""
+"""A2A (a2a-sdk 0.3) across OS processes: trpc-agent's A2A service on replicas A and B (and a
+third that dies), one real Redis, driven by the real a2a-sdk client. The task runs on A; the
+requests go to A (the owner) or B (another replica). What the spec's cancel section asks, on
+every replica."""
 
 from __future__ import annotations
 
 import asyncio
-import socket
 import uuid
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Iterator
 
 import httpx
 import pytest
-import uvicorn
-from a2a.client import Client, ClientConfig, ClientFactory
+from a2a.client import Client
 from a2a.client.errors import A2AClientJSONRPCError
-from a2a.server.apps import A2AStarletteApplication
-from a2a.server.request_handlers import DefaultRequestHandler
 from a2a.types import (
-    AgentCapabilities,
-    AgentCard,
-    Message,
-    Part,
-    Role,
+    Task,
     TaskArtifactUpdateEvent,
     TaskIdParams,
     TaskNotCancelableError,
+    TaskNotFoundError,
     TaskQueryParams,
     TaskState,
     TaskStatusUpdateEvent,
     TextPart,
 )
-from trpc_agent_sdk.server.a2a import TrpcA2aAgentService
-from trpc_agent_sdk.sessions import InMemorySessionService
 
-from cancel_bus import CancelBus, RunStatus
-from cancel_bus.integrations import trpc_agent
-from cancel_bus.integrations.a2a import BusAgentExecutor, BusTaskStore
+from cancel_bus import CancelBus, RunInfo, RunStatus
+from cancel_bus.integrations._a2a_runs import CANCEL_PENDING, OWNER_LOST, TASK_APP, task_session
+from node.embedded import EmbeddedServer
 
 from ..conftest import BusFactory
 from ..helpers import WAIT, eventually
-from .trpc_support import APP, LoopThread, StreamingAgent
+from .a2a_support import Stream, client, streaming, submit
+from .conftest import TRPC_REPLICA
+from .replica import Replica, running
+from .trpc_support import APP, GATED
 
-CANCEL_TIMEOUT = 1.0  # how long a replica waits for the owner before answering a cancel
-
-
-@dataclass
-class A2aServer:
-    """One replica: a bus installed for trpc-agent, trpc-agent's A2A service, uvicorn."""
-
-    bus: CancelBus
-    agent: StreamingAgent
-    server: uvicorn.Server
-    serving: asyncio.Task[None]
-    url: str
-
-    @classmethod
-    async def start(cls, redis_url: str, namespace: str) -> A2aServer:
-        bus = CancelBus(redis_url, namespace=namespace, lease_ttl=3.0)
-        await bus.start()
-        trpc_agent.install(bus)
-        agent = StreamingAgent(name="streamer", release=asyncio.Event())
-        listener = socket.create_server(("127.0.0.1", 0))
-        url = f"http://127.0.0.1:{listener.getsockname()[1]}/"
-        service = TrpcA2aAgentService(
-            service_name=APP, agent=agent, session_service=InMemorySessionService()
-        )
-        handler = DefaultRequestHandler(
-            agent_executor=BusAgentExecutor(service, bus, timeout=CANCEL_TIMEOUT),
-            task_store=BusTaskStore(bus),
-        )
-        app = A2AStarletteApplication(agent_card=card(url), http_handler=handler).build()
-        server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
-        serving = asyncio.create_task(server.serve(sockets=[listener]))
-        await eventually(lambda: _started(server))
-        return cls(bus, agent, server, serving, url)
-
-    async def stop(self) -> None:
-        self.server.should_exit = True
-        await asyncio.wait_for(self.serving, WAIT)
-        trpc_agent.uninstall()
-        await self.bus.close(cancel_timeout=2.0)
-
-
-async def _started(server: uvicorn.Server) -> bool:
-    return server.started
-
-
-Replica = tuple[A2aServer, LoopThread]
-
-
-def card(url: str) -> AgentCard:
-    return AgentCard(
-        name="streamer",
-        description="streams numbered chunks",
-        url=url,
-        version="1",
-        capabilities=AgentCapabilities(streaming=True),
-        default_input_modes=["text"],
-        default_output_modes=["text"],
-        skills=[],
-    )
+WHERE = ["owner", "other"]
 
 
 @pytest.fixture
-async def servers(redis_url: str, namespace: str) -> AsyncIterator[list[Replica]]:
-    """Replicas A and B, each on its own loop."""
-    started: list[Replica] = []
-    for _ in range(2):
-        thread = LoopThread()
-        started.append((await thread.call(A2aServer.start(redis_url, namespace)), thread))
-    yield started
-    for server, thread in started:
-        await thread.call(server.stop())
-        await thread.close()
+def namespace(replica_namespace: str) -> str:
+    return replica_namespace
 
 
 @pytest.fixture
 async def http() -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(timeout=WAIT) as client:
+    async with httpx.AsyncClient(timeout=WAIT * 2) as client:
         yield client
 
 
-def client(http: httpx.AsyncClient, server: A2aServer) -> Client:
-    return ClientFactory(ClientConfig(streaming=True, httpx_client=http)).create(card(server.url))
+@pytest.fixture
+async def ops(make_bus: BusFactory) -> CancelBus:
+    """A bus of the test's own, to look at the records."""
+    return await make_bus()
 
 
-class Stream:
-    """A streaming ``message/send`` in the background; ``working`` once the agent streams."""
+class Tasks:
+    """The A2A side of replicas A and B."""
 
-    def __init__(self, client: Client, text: str) -> None:
-        message = Message(
-            role=Role.user, parts=[Part(root=TextPart(text=text))], message_id=uuid.uuid4().hex
-        )
-        self.updates: list[TaskStatusUpdateEvent | TaskArtifactUpdateEvent] = []
-        self.task_id = ""
-        self.working = asyncio.Event()
-        self.done = asyncio.create_task(self._consume(client, message))
+    def __init__(self, http: httpx.AsyncClient, replicas: list[Replica]) -> None:
+        self.http = http
+        self.a, self.b = replicas
 
-    async def _consume(self, client: Client, message: Message) -> None:
-        async for event in client.send_message(message):
-            assert isinstance(event, tuple)
-            task, update = event
-            self.task_id = task.id
-            if update is not None:
-                self.updates.append(update)
-            if isinstance(update, TaskArtifactUpdateEvent):
-                self.working.set()
+    def client(self, where: str = "owner", *, streaming: bool = True) -> Client:
+        replica = self.a if where == "owner" else self.b
+        return client(self.http, f"{replica.url}/a2a/", streaming=streaming)
 
-    async def started(self) -> str:
-        await asyncio.wait_for(self.working.wait(), WAIT)
-        return self.task_id
+    async def states(self, task_id: str) -> list[TaskState]:
+        """The task's state on every replica (tasks/get)."""
+        tasks = [await self.get(task_id, where) for where in WHERE]
+        return [task.status.state for task in tasks]
 
-    async def final_state(self) -> TaskState:
-        await asyncio.wait_for(self.done, WAIT)
-        last = self.updates[-1]
-        assert isinstance(last, TaskStatusUpdateEvent) and last.final
-        return last.status.state
+    async def get(self, task_id: str, where: str = "other") -> Task:
+        return await self.client(where).get_task(TaskQueryParams(id=task_id))
+
+    async def cancel(self, task_id: str, where: str) -> Task:
+        return await self.client(where).cancel_task(TaskIdParams(id=task_id))
+
+    async def refused(self, task_id: str, where: str) -> int:
+        """The JSON-RPC error code a tasks/cancel gets."""
+        with pytest.raises(A2AClientJSONRPCError) as refused:
+            await self.cancel(task_id, where)
+        code: int = refused.value.error.code
+        return code
+
+    async def open(self, gate: str) -> None:
+        response = await self.http.post(f"{self.a.url}/gates/{gate}")
+        response.raise_for_status()
 
 
-@pytest.mark.parametrize("where", ["other replica", "owner"])
-async def test_tasks_cancel_on_any_replica_stops_the_task_on_its_owner(
-    servers: list[Replica],
-    http: httpx.AsyncClient,
-    make_bus: BusFactory,
-    where: str,
+@pytest.fixture
+def tasks(http: httpx.AsyncClient, trpc_replicas: list[Replica]) -> Tasks:
+    return Tasks(http, trpc_replicas)
+
+
+async def task_run(ops: CancelBus, task_id: str) -> RunInfo:
+    """The bus record of the task's (last) execution."""
+    app, task, _ = task_session(task_id)
+    [run] = await ops.list_runs(status="all", app_name=app, user_id=task, limit=1)
+    return run
+
+
+async def agent_run(ops: CancelBus, context_id: str) -> RunInfo:
+    """The bus record of the trpc-agent run of a task's context (trpc-agent's default user)."""
+    [run] = await ops.list_runs(status="all", app_name=APP, user_id=f"A2A_USER_{context_id}")
+    return run
+
+
+def text(task: Task) -> str:
+    """The text of the task's artifacts."""
+    parts = [part.root for artifact in task.artifacts or [] for part in artifact.parts]
+    return "".join(part.text for part in parts if isinstance(part, TextPart))
+
+
+@pytest.mark.parametrize("where", WHERE)
+@pytest.mark.parametrize("how", ["streaming", "non-blocking"])
+async def test_tasks_cancel_on_any_replica_returns_the_task_canceled(
+    tasks: Tasks, ops: CancelBus, how: str, where: str
 ) -> None:
-    (a, _), (b, _) = servers
-    stream = Stream(client(http, a), "stream")
+    for _ in range(3):  # the owner's answer once depended on a race (now a sync point)
+        if how == "streaming":
+            stream = Stream(tasks.client(), "stream")
+            task_id = await stream.started()
+        else:
+            task_id = (await submit(tasks.client(streaming=False), "stream")).id
+            await streaming(tasks.client(), task_id)
+
+        canceled = await tasks.cancel(task_id, where)
+
+        assert canceled.status.state is TaskState.canceled
+        assert text(canceled).startswith("t0 ")  # the partial output is kept
+        assert await tasks.states(task_id) == [TaskState.canceled] * 2
+        if how == "streaming":
+            assert await stream.final_state() is TaskState.canceled
+        run = await task_run(ops, task_id)
+        assert (run.status, run.end_reason, run.owner) == (
+            RunStatus.CANCELLED,
+            "cancelled",
+            tasks.a.node_id,
+        )
+
+
+async def test_cancel_of_an_unknown_task_is_task_not_found(tasks: Tasks) -> None:
+    for where in WHERE:
+        assert await tasks.refused("no-such-task", where) == TaskNotFoundError().code
+
+
+async def test_a_finished_task_is_not_cancelable_and_a_canceled_one_is_returned_again(
+    tasks: Tasks,
+) -> None:
+    completed = Stream(tasks.client(), "short")
+    assert await completed.final_state() is TaskState.completed
+    for where in WHERE:
+        assert await tasks.refused(completed.task_id, where) == TaskNotCancelableError().code
+
+    stream = Stream(tasks.client(), "stream")
+    task_id = await stream.started()
+    canceled = await tasks.cancel(task_id, "other")
+    for where in WHERE:
+        again = await tasks.cancel(task_id, where)
+        assert again == await tasks.get(task_id)
+        assert again.status.state is TaskState.canceled
+    assert canceled.status.state is TaskState.canceled
+
+
+async def test_a_task_that_does_not_stop_in_time_answers_working_and_ends_canceled(
+    tasks: Tasks, ops: CancelBus
+) -> None:
+    """The agent reaches no checkpoint: the cancel is pending, said so, and still honoured."""
+    context = f"hold-{uuid.uuid4().hex[:8]}"
+    stream = Stream(tasks.client(), "hold", context_id=context)
     task_id = await stream.started()
 
-    canceller = client(http, b if where == "other replica" else a)
-    task = await asyncio.wait_for(canceller.cancel_task(TaskIdParams(id=task_id)), WAIT)
+    pending = await tasks.cancel(task_id, "other")
 
-    assert task.status.state is TaskState.canceled
+    assert pending.status.state is TaskState.working
+    assert pending.status.message is not None
+    assert pending.status.message.parts[0].root == TextPart(text=CANCEL_PENDING)
+    assert (await task_run(ops, task_id)).stopping
+    await tasks.open(context)  # the agent completes its answer
     assert await stream.final_state() is TaskState.canceled
-    fetched = await client(http, b).get_task(TaskQueryParams(id=task_id))
-    assert fetched.status.state is TaskState.canceled
-    ops = await make_bus()
-    [run] = await ops.list_runs(status="all", app_name=APP)
-    assert (run.status, run.end_reason, run.owner) == (
-        RunStatus.CANCELLED,
-        "cancelled",
-        a.bus.node_id,
+    assert await tasks.states(task_id) == [TaskState.canceled] * 2
+    assert text(await tasks.get(task_id)).endswith("done")
+
+
+async def test_a_cancel_before_the_agents_run_registered_stops_it_at_its_start(
+    tasks: Tasks, ops: CancelBus
+) -> None:
+    """The agent's session lookup waits for a gate: the task exists, its trpc-agent run does
+    not. The cancel reaches the task's execution and the run stops at its first checkpoint."""
+    context = f"{GATED}{uuid.uuid4().hex[:8]}"
+    task_id = (await submit(tasks.client(streaming=False), "stream", context)).id
+    cancel = asyncio.create_task(tasks.cancel(task_id, "other"))
+
+    async def delivered() -> bool:
+        return (await task_run(ops, task_id)).cancel_delivered_at is not None
+
+    await eventually(delivered)
+    await tasks.open(f"start:{context}")
+
+    canceled = await asyncio.wait_for(cancel, WAIT)
+    assert canceled.status.state is TaskState.canceled
+    assert text(canceled) == ""  # stopped before its first chunk
+    run = await agent_run(ops, context)  # ended before the task's end was stored
+    assert (run.status, run.end_reason) == (RunStatus.CANCELLED, "cancelled")
+
+
+@pytest.fixture
+def victim(redis_server: EmbeddedServer, replica_namespace: str) -> Iterator[Replica]:
+    """A third replica, to be killed (a short lease: it is found dead soon)."""
+    with running(TRPC_REPLICA, 1, redis_server.url, replica_namespace, lease_ttl=2.0) as [one]:
+        yield one
+
+
+async def test_a_task_whose_replica_died_ends_canceled(
+    tasks: Tasks, victim: Replica, http: httpx.AsyncClient
+) -> None:
+    task_id = (await submit(client(http, f"{victim.url}/a2a/", streaming=False), "hold")).id
+    await streaming(tasks.client(), task_id)
+    victim.kill()
+
+    answer = await tasks.cancel(task_id, "owner")  # A, a live replica
+
+    assert answer.status.state in (TaskState.working, TaskState.canceled)
+
+    async def ended() -> bool:
+        return await tasks.states(task_id) == [TaskState.canceled] * 2
+
+    await eventually(ended, timeout=3 * WAIT)  # its lease expires, a live node resolves its run
+    message = (await tasks.get(task_id)).status.message
+    assert message is not None and message.parts[0].root == TextPart(text=OWNER_LOST)
+
+
+@pytest.mark.parametrize("where", WHERE)
+async def test_tasks_resubscribe_on_any_replica_streams_the_task_to_its_end(
+    tasks: Tasks, where: str
+) -> None:
+    stream = Stream(tasks.client(), "stream")
+    task_id = await stream.started()
+    updates: list[TaskStatusUpdateEvent | TaskArtifactUpdateEvent] = []
+    following = asyncio.Event()
+
+    async def resubscribe() -> None:
+        async for _, update in tasks.client(where).resubscribe(TaskIdParams(id=task_id)):
+            if update is not None:
+                updates.append(update)
+                following.set()
+
+    resubscribed = asyncio.create_task(resubscribe())
+    await asyncio.wait_for(following.wait(), WAIT)
+
+    await tasks.cancel(task_id, "owner")
+
+    await asyncio.wait_for(resubscribed, WAIT)
+    assert isinstance(updates[0], TaskArtifactUpdateEvent)
+    last = updates[-1]
+    assert isinstance(last, TaskStatusUpdateEvent) and last.final
+    assert last.status.state is TaskState.canceled
+
+
+# The artifacts of a "turns" task (see StreamingAgent), stopped in its first turn at the gate:
+# the chunks streamed, and after a whole turn its complete model message too.
+TURN_TEXT = {
+    "checkpoint": "Let me ",
+    "immediate": "Let me ",
+    "after_turn": "Let me look. Let me look. ",
+}
+
+
+@pytest.mark.parametrize("where", WHERE)
+@pytest.mark.parametrize("mode", TURN_TEXT)
+async def test_a_bus_cancel_of_a_task_honours_each_mode(
+    tasks: Tasks, ops: CancelBus, http: httpx.AsyncClient, mode: str, where: str
+) -> None:
+    context = f"turns-{uuid.uuid4().hex[:8]}"
+    stream = Stream(tasks.client(), "turns", context_id=context)
+    task_id = await stream.started()  # "Let me ", then held at the gate
+    replica = tasks.a if where == "owner" else tasks.b
+    body = dict(zip(("app", "user", "session"), task_session(task_id), strict=True))
+    immediate = mode == "immediate"
+    response = await http.post(
+        f"{replica.url}/bus/cancel", json={**body, "mode": mode, "wait": immediate}
     )
 
+    if immediate:
+        assert response.json()["outcome"] == "cancelled"  # without the gate: interrupted
+    else:
+        assert response.json()["outcome"] == "stopping"  # the agent is held at the gate
 
-async def test_a_task_that_does_not_stop_is_not_reported_canceled(
-    servers: list[Replica], http: httpx.AsyncClient, make_bus: BusFactory
-) -> None:
-    (a, thread_a), (b, _) = servers
-    stream = Stream(client(http, a), "hold")
-    task_id = await stream.started()
+        async def delivered() -> bool:  # handed on to the agent's run
+            return (await agent_run(ops, context)).cancel_delivered_at is not None
 
-    with pytest.raises(A2AClientJSONRPCError) as refused:
-        await asyncio.wait_for(client(http, b).cancel_task(TaskIdParams(id=task_id)), WAIT)
-    assert refused.value.error.code == TaskNotCancelableError().code
-    [run] = await (await make_bus()).list_runs(app_name=APP)
-    assert run.stopping
+        await eventually(delivered)
+        await tasks.open(context)
 
-    thread_a.loop.call_soon_threadsafe(a.agent.release.set)
-    assert await stream.final_state() is TaskState.completed
-
-
-async def test_cancel_of_a_task_no_replica_runs_answers_canceled(
-    servers: list[Replica], http: httpx.AsyncClient, make_bus: BusFactory
-) -> None:
-    """A task left working by a replica that died: no run anywhere, so it is canceled."""
-    (a, _), (b, _) = servers
-    stream = Stream(client(http, a), "short")
-    assert await stream.final_state() is TaskState.completed
-    store = BusTaskStore(await make_bus())
-    task = await store.get(stream.task_id)
-    assert task is not None
-    task.status.state = TaskState.working  # as its owner left it when it died
-    await store.save(task)
-
-    canceled = await client(http, b).cancel_task(TaskIdParams(id=stream.task_id))
-    assert canceled.status.state is TaskState.canceled
+    assert await stream.final_state() is TaskState.canceled
+    assert await tasks.states(task_id) == [TaskState.canceled] * 2
+    assert text(await tasks.get(task_id)) == TURN_TEXT[mode]
+    run = await task_run(ops, task_id)
+    assert (run.status, run.end_reason, run.cancel_mode) == (RunStatus.CANCELLED, "cancelled", mode)
+    assert run.app_name == TASK_APP
+    if mode == "immediate":
+        await tasks.open(context)

@@ -1,26 +1,18 @@
-"""A2A 1.x over HTTP: two servers of trpc-agent's ``a2a_v1`` service (each on its own loop and
-port, each with its own bus) sharing one task store and one real Redis server, driven by the
-real a2a-sdk client. Collected only where a2a-sdk 1.x is installed (see conftest.py)."""
+"""A2A (a2a-sdk 1.x) across OS processes: trpc-agent's ``a2a_v1`` service on replicas A and B
+(and a third that dies) sharing a task store, one real Redis, driven by the real a2a-sdk client.
+The task runs on A; the requests go to A (the owner) or B. Collected only where a2a-sdk 1.x is
+installed (see conftest.py)."""
 
 from __future__ import annotations
 
 import asyncio
-import socket
 import uuid
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
-from pathlib import Path
+from collections.abc import AsyncIterator, Iterator
 
 import httpx
 import pytest
-import uvicorn
 from a2a.client import Client, ClientConfig, ClientFactory
-from a2a.server.cluster import VersionedDatabaseTaskStore
 from a2a.types import (
-    AgentCapabilities,
-    AgentCard,
-    AgentInterface,
-    AgentSkill,
     CancelTaskRequest,
     GetTaskRequest,
     Message,
@@ -28,128 +20,67 @@ from a2a.types import (
     Role,
     SendMessageRequest,
     StreamResponse,
+    SubscribeToTaskRequest,
+    Task,
     TaskState,
 )
-from a2a.utils.errors import TaskNotCancelableError
-from sqlalchemy.ext.asyncio import create_async_engine
-from trpc_agent_sdk.server.a2a_v1 import TrpcA2aAgentService, create_a2a_application
-from trpc_agent_sdk.sessions import InMemorySessionService
+from a2a.utils.errors import TaskNotCancelableError, TaskNotFoundError
 
-from cancel_bus import CancelBus, RunStatus
-from cancel_bus.integrations import trpc_agent
-from cancel_bus.integrations.a2a_v1 import BusRequestHandler
+from cancel_bus import CancelBus, RunInfo, RunStatus
+from cancel_bus.integrations._a2a_runs import CANCEL_PENDING, OWNER_LOST, task_session
+from node.embedded import EmbeddedServer
 
 from ..conftest import BusFactory
 from ..helpers import WAIT, eventually
-from .trpc_support import APP, LoopThread, StreamingAgent
+from .a2a_v1_replica import card
+from .conftest import A2A_V1_REPLICA
+from .replica import Replica, running
+from .trpc_support import APP, GATED
 
-pytestmark = pytest.mark.filterwarnings(
-    "ignore:A VersionedTaskStore was configured without an event_stream"
-)
-CANCEL_TIMEOUT = 1.0  # how long a replica waits for the owner before answering a cancel
-
-
-@dataclass
-class A2aServer:
-    """One replica: a bus installed for trpc-agent, trpc-agent's A2A service, uvicorn."""
-
-    bus: CancelBus
-    agent: StreamingAgent
-    server: uvicorn.Server
-    serving: asyncio.Task[None]
-    url: str
-
-    @classmethod
-    async def start(cls, redis_url: str, namespace: str, database: str) -> A2aServer:
-        bus = CancelBus(redis_url, namespace=namespace, lease_ttl=3.0)
-        await bus.start()
-        trpc_agent.install(bus)
-        agent = StreamingAgent(name="streamer", release=asyncio.Event())
-        listener = socket.create_server(("127.0.0.1", 0))
-        url = f"http://127.0.0.1:{listener.getsockname()[1]}/"
-        service = TrpcA2aAgentService(
-            service_name=APP,
-            agent=agent,
-            agent_card=card(url),
-            session_service=InMemorySessionService(),
-        )
-        store = VersionedDatabaseTaskStore(create_async_engine(database))
-        await store.initialize()
-        handler = BusRequestHandler(
-            bus,
-            cancel_timeout=CANCEL_TIMEOUT,
-            agent_executor=service,
-            task_store=store,
-            agent_card=card(url),
-        )
-        app = create_a2a_application(service, request_handler=handler)
-        server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
-        serving = asyncio.create_task(server.serve(sockets=[listener]))
-        await eventually(lambda: _started(server))
-        return cls(bus, agent, server, serving, url)
-
-    async def stop(self) -> None:
-        self.server.should_exit = True
-        await asyncio.wait_for(self.serving, WAIT)
-        trpc_agent.uninstall()
-        await self.bus.close(cancel_timeout=2.0)
-
-
-async def _started(server: uvicorn.Server) -> bool:
-    return server.started
-
-
-Replica = tuple[A2aServer, LoopThread]
-
-
-def card(url: str) -> AgentCard:
-    return AgentCard(
-        name="streamer",
-        description="streams numbered chunks",
-        version="1",
-        supported_interfaces=[
-            AgentInterface(url=url, protocol_binding="JSONRPC", protocol_version="1.0")
-        ],
-        capabilities=AgentCapabilities(streaming=True),
-        default_input_modes=["text"],
-        default_output_modes=["text"],
-        skills=[AgentSkill(id="stream", name="stream", description="streams", tags=["demo"])],
-    )
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+WHERE = ["owner", "other"]
+CANCELED, WORKING = TaskState.TASK_STATE_CANCELED, TaskState.TASK_STATE_WORKING
 
 
 @pytest.fixture
-async def servers(redis_url: str, namespace: str, tmp_path: Path) -> AsyncIterator[list[Replica]]:
-    """Replicas A and B, each on its own loop, sharing a task store (an SQLite file)."""
-    database = f"sqlite+aiosqlite:///{tmp_path / 'tasks.db'}"
-    started: list[Replica] = []
-    for _ in range(2):
-        thread = LoopThread()
-        started.append((await thread.call(A2aServer.start(redis_url, namespace, database)), thread))
-    yield started
-    for server, thread in started:
-        await thread.call(server.stop())
-        await thread.close()
+def namespace(replica_namespace: str) -> str:
+    return replica_namespace
 
 
 @pytest.fixture
 async def http() -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(timeout=WAIT) as client:
+    async with httpx.AsyncClient(timeout=WAIT * 2) as client:
         yield client
 
 
-def client(http: httpx.AsyncClient, server: A2aServer) -> Client:
-    return ClientFactory(ClientConfig(streaming=True, httpx_client=http)).create(card(server.url))
+@pytest.fixture
+async def ops(make_bus: BusFactory) -> CancelBus:
+    return await make_bus()
+
+
+def client(http: httpx.AsyncClient, url: str, *, streaming: bool = True) -> Client:
+    config = ClientConfig(streaming=streaming, polling=not streaming, httpx_client=http)
+    return ClientFactory(config).create(card(url))
+
+
+def request(text: str, context_id: str = "") -> SendMessageRequest:
+    message = Message(
+        role=Role.ROLE_USER,
+        parts=[Part(text=text)],
+        message_id=uuid.uuid4().hex,
+        context_id=context_id,
+    )
+    return SendMessageRequest(message=message)
 
 
 class Stream:
-    """A streaming ``SendMessage`` in the background; ``working`` once the agent streams."""
+    """A streaming ``SendMessage`` in the background; ``started`` once the agent streams."""
 
-    def __init__(self, client: Client, text: str) -> None:
-        message = Message(role=Role.ROLE_USER, parts=[Part(text=text)], message_id=uuid.uuid4().hex)
+    def __init__(self, client: Client, text: str, context_id: str = "") -> None:
         self.responses: list[StreamResponse] = []
         self.task_id = ""
         self.working = asyncio.Event()
-        self.done = asyncio.create_task(self._consume(client, SendMessageRequest(message=message)))
+        self.done = asyncio.create_task(self._consume(client, request(text, context_id)))
 
     async def _consume(self, client: Client, request: SendMessageRequest) -> None:
         async for response in client.send_message(request):
@@ -166,47 +97,244 @@ class Stream:
 
     async def final_state(self) -> TaskState:
         await asyncio.wait_for(self.done, WAIT)
-        last = self.responses[-1]
-        if last.HasField("task"):
-            return last.task.status.state
-        assert last.HasField("status_update")
-        return last.status_update.status.state
+        return state(self.responses[-1])
 
 
-@pytest.mark.parametrize("where", ["other replica", "owner"])
-async def test_cancel_task_on_any_replica_stops_the_task_at_its_checkpoint(
-    servers: list[Replica], http: httpx.AsyncClient, make_bus: BusFactory, where: str
+def state(response: StreamResponse) -> TaskState:
+    if response.HasField("task"):
+        return response.task.status.state
+    assert response.HasField("status_update")
+    return response.status_update.status.state
+
+
+class Tasks:
+    """The A2A side of replicas A and B."""
+
+    def __init__(self, http: httpx.AsyncClient, replicas: list[Replica]) -> None:
+        self.http = http
+        self.a, self.b = replicas
+
+    def url(self, where: str) -> str:
+        return (self.a if where == "owner" else self.b).url
+
+    def client(self, where: str = "owner", *, streaming: bool = True) -> Client:
+        return client(self.http, self.url(where), streaming=streaming)
+
+    async def submit(self, text: str, context_id: str = "") -> str:
+        """A non-blocking ``SendMessage`` on A: the task's id as soon as it exists."""
+        [response] = [
+            r async for r in self.client(streaming=False).send_message(request(text, context_id))
+        ]
+        return response.task.id
+
+    async def streaming(self, task_id: str) -> None:
+        async def check() -> bool:
+            return bool((await self.get(task_id)).artifacts)
+
+        await eventually(check)
+
+    async def get(self, task_id: str, where: str = "other") -> Task:
+        return await self.client(where).get_task(GetTaskRequest(id=task_id))
+
+    async def states(self, task_id: str) -> list[TaskState]:
+        return [(await self.get(task_id, where)).status.state for where in WHERE]
+
+    async def cancel(self, task_id: str, where: str) -> Task:
+        return await self.client(where).cancel_task(CancelTaskRequest(id=task_id))
+
+    async def open(self, gate: str) -> None:
+        (await self.http.post(f"{self.a.url}/gates/{gate}")).raise_for_status()
+
+
+@pytest.fixture
+def tasks(http: httpx.AsyncClient, a2a_v1_replicas: list[Replica]) -> Tasks:
+    return Tasks(http, a2a_v1_replicas)
+
+
+async def task_run(ops: CancelBus, task_id: str) -> RunInfo:
+    app, task, _ = task_session(task_id)
+    [run] = await ops.list_runs(status="all", app_name=app, user_id=task, limit=1)
+    return run
+
+
+async def agent_run(ops: CancelBus, context_id: str) -> RunInfo:
+    [run] = await ops.list_runs(status="all", app_name=APP, user_id=f"A2A_USER_{context_id}")
+    return run
+
+
+def text(task: Task) -> str:
+    return "".join(part.text for artifact in task.artifacts for part in artifact.parts)
+
+
+@pytest.mark.parametrize("where", WHERE)
+@pytest.mark.parametrize("how", ["streaming", "non-blocking"])
+async def test_cancel_task_on_any_replica_returns_the_task_canceled(
+    tasks: Tasks, ops: CancelBus, how: str, where: str
 ) -> None:
-    (a, _), (b, _) = servers
-    stream = Stream(client(http, a), "stream")
-    task_id = await stream.started()
+    if how == "streaming":
+        stream = Stream(tasks.client(), "stream")
+        task_id = await stream.started()
+    else:
+        task_id = await tasks.submit("stream")
+        await tasks.streaming(task_id)
 
-    canceller = client(http, b if where == "other replica" else a)
-    task = await asyncio.wait_for(canceller.cancel_task(CancelTaskRequest(id=task_id)), WAIT)
+    canceled = await tasks.cancel(task_id, where)
 
-    assert task.status.state == TaskState.TASK_STATE_CANCELED
-    assert await stream.final_state() == TaskState.TASK_STATE_CANCELED
-    fetched = await client(http, b).get_task(GetTaskRequest(id=task_id))
-    assert fetched.status.state == TaskState.TASK_STATE_CANCELED
-    [run] = await (await make_bus()).list_runs(status="all", app_name=APP)
+    assert canceled.status.state == CANCELED
+    assert text(canceled).startswith("t0 ")  # the partial output is kept
+    assert await tasks.states(task_id) == [CANCELED] * 2
+    if how == "streaming":
+        assert await stream.final_state() == CANCELED
+    run = await task_run(ops, task_id)
     assert (run.status, run.end_reason, run.owner) == (
         RunStatus.CANCELLED,
         "cancelled",  # stopped at a checkpoint, not killed
-        a.bus.node_id,
+        tasks.a.node_id,
     )
 
 
-async def test_a_task_that_does_not_stop_is_not_reported_canceled(
-    servers: list[Replica], http: httpx.AsyncClient, make_bus: BusFactory
+async def test_unknown_finished_and_canceled_tasks(tasks: Tasks, http: httpx.AsyncClient) -> None:
+    completed = Stream(tasks.client(), "short")
+    assert await completed.final_state() == TaskState.TASK_STATE_COMPLETED
+    stream = Stream(tasks.client(), "stream")
+    canceled = await tasks.cancel(await stream.started(), "other")
+    for where in WHERE:
+        with pytest.raises(TaskNotFoundError):
+            await tasks.cancel("no-such-task", where)
+        with pytest.raises(TaskNotCancelableError):
+            await tasks.cancel(completed.task_id, where)
+        response = await http.post(f"{tasks.url(where)}/rest/tasks/{completed.task_id}:cancel")
+        assert response.status_code == 400
+        assert "TASK_NOT_CANCELABLE" in response.text
+        assert await tasks.cancel(canceled.id, where) == await tasks.get(canceled.id)
+    assert canceled.status.state == CANCELED
+
+
+async def test_a_task_that_does_not_stop_in_time_answers_working_and_ends_canceled(
+    tasks: Tasks, ops: CancelBus
 ) -> None:
-    (a, thread_a), (b, _) = servers
-    stream = Stream(client(http, a), "hold")
+    context = f"hold-{uuid.uuid4().hex[:8]}"
+    stream = Stream(tasks.client(), "hold", context)
     task_id = await stream.started()
 
-    with pytest.raises(TaskNotCancelableError):
-        await asyncio.wait_for(client(http, b).cancel_task(CancelTaskRequest(id=task_id)), WAIT)
-    [run] = await (await make_bus()).list_runs(app_name=APP)
-    assert run.stopping
+    pending = await tasks.cancel(task_id, "other")
 
-    thread_a.loop.call_soon_threadsafe(a.agent.release.set)
-    assert await stream.final_state() == TaskState.TASK_STATE_COMPLETED
+    assert pending.status.state == WORKING
+    assert pending.status.message.parts[0].text == CANCEL_PENDING
+    assert (await task_run(ops, task_id)).stopping
+    await tasks.open(context)
+    assert await stream.final_state() == CANCELED
+    assert await tasks.states(task_id) == [CANCELED] * 2
+    assert text(await tasks.get(task_id)).endswith("done")
+
+
+async def test_a_cancel_before_the_agents_run_registered_stops_it_at_its_start(
+    tasks: Tasks, ops: CancelBus
+) -> None:
+    context = f"{GATED}{uuid.uuid4().hex[:8]}"
+    task_id = await tasks.submit("stream", context)
+    cancel = asyncio.create_task(tasks.cancel(task_id, "other"))
+
+    async def delivered() -> bool:
+        return (await task_run(ops, task_id)).cancel_delivered_at is not None
+
+    await eventually(delivered)
+    await tasks.open(f"start:{context}")
+
+    canceled = await asyncio.wait_for(cancel, WAIT)
+    assert canceled.status.state == CANCELED
+    assert text(canceled) == ""
+    run = await agent_run(ops, context)  # ended before the task's end was stored
+    assert (run.status, run.end_reason) == (RunStatus.CANCELLED, "cancelled")
+
+
+@pytest.fixture
+def victim(redis_server: EmbeddedServer, replica_namespace: str) -> Iterator[Replica]:
+    with running(A2A_V1_REPLICA, 1, redis_server.url, replica_namespace, lease_ttl=2.0) as [one]:
+        yield one
+
+
+async def test_a_task_whose_replica_died_ends_canceled(
+    tasks: Tasks, victim: Replica, http: httpx.AsyncClient
+) -> None:
+    [response] = [
+        r async for r in client(http, victim.url, streaming=False).send_message(request("hold"))
+    ]
+    task_id = response.task.id
+    await tasks.streaming(task_id)
+    victim.kill()
+
+    answer = await tasks.cancel(task_id, "owner")
+
+    assert answer.status.state in (WORKING, CANCELED)
+
+    async def ended() -> bool:
+        return await tasks.states(task_id) == [CANCELED] * 2
+
+    await eventually(ended, timeout=3 * WAIT)  # its lease expires, a live node resolves its run
+    assert (await tasks.get(task_id)).status.message.parts[0].text == OWNER_LOST
+
+
+@pytest.mark.parametrize("where", WHERE)
+async def test_subscribe_to_task_on_any_replica_streams_the_task_to_its_end(
+    tasks: Tasks, where: str
+) -> None:
+    stream = Stream(tasks.client(), "stream")
+    task_id = await stream.started()
+    responses: list[StreamResponse] = []
+    following = asyncio.Event()
+
+    async def subscribe() -> None:
+        async for response in tasks.client(where).subscribe(SubscribeToTaskRequest(id=task_id)):
+            responses.append(response)
+            if response.HasField("artifact_update"):
+                following.set()
+
+    subscribed = asyncio.create_task(subscribe())
+    await asyncio.wait_for(following.wait(), WAIT)
+
+    await tasks.cancel(task_id, "owner")
+
+    await asyncio.wait_for(subscribed, WAIT)
+    assert state(responses[-1]) == CANCELED
+
+
+TURN_TEXT = {
+    "checkpoint": "Let me ",
+    "immediate": "Let me ",
+    "after_turn": "Let me look. Let me look. ",
+}
+
+
+@pytest.mark.parametrize("where", WHERE)
+@pytest.mark.parametrize("mode", TURN_TEXT)
+async def test_a_bus_cancel_of_a_task_honours_each_mode(
+    tasks: Tasks, ops: CancelBus, http: httpx.AsyncClient, mode: str, where: str
+) -> None:
+    context = f"turns-{uuid.uuid4().hex[:8]}"
+    stream = Stream(tasks.client(), "turns", context)
+    task_id = await stream.started()
+    body = dict(zip(("app", "user", "session"), task_session(task_id), strict=True))
+    immediate = mode == "immediate"
+    response = await http.post(
+        f"{tasks.url(where)}/bus/cancel", json={**body, "mode": mode, "wait": immediate}
+    )
+
+    if immediate:
+        assert response.json()["outcome"] == "cancelled"
+    else:
+        assert response.json()["outcome"] == "stopping"
+
+        async def delivered() -> bool:
+            return (await agent_run(ops, context)).cancel_delivered_at is not None
+
+        await eventually(delivered)
+        await tasks.open(context)
+
+    assert await stream.final_state() == CANCELED
+    assert await tasks.states(task_id) == [CANCELED] * 2
+    assert text(await tasks.get(task_id)) == TURN_TEXT[mode]
+    run = await task_run(ops, task_id)
+    assert (run.status, run.end_reason, run.cancel_mode) == (RunStatus.CANCELLED, "cancelled", mode)
+    if immediate:
+        await tasks.open(context)

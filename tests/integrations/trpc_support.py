@@ -1,5 +1,5 @@
-"""Two trpc-agent nodes in one test: a node on its own event loop in a thread (a replica), a
-scripted agent that streams without an LLM, and the helpers both integration tests share."""
+"""The scripted trpc-agent agent (no LLM) and the slow session store that the replica processes
+and the in-process tests share; for the latter, a node on its own event loop in a thread."""
 
 from __future__ import annotations
 
@@ -10,13 +10,14 @@ from collections.abc import AsyncGenerator, Coroutine
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from pydantic import Field
 from trpc_agent_sdk.agents import BaseAgent
 from trpc_agent_sdk.configs import RunConfig
 from trpc_agent_sdk.context import InvocationContext
 from trpc_agent_sdk.events import Event
 from trpc_agent_sdk.runners import Runner
-from trpc_agent_sdk.sessions import InMemorySessionService
-from trpc_agent_sdk.types import Content, Part
+from trpc_agent_sdk.sessions import InMemorySessionService, Session
+from trpc_agent_sdk.types import Content, FunctionCall, FunctionResponse, Part
 
 from cancel_bus import CancelBus
 from cancel_bus.integrations import trpc_agent
@@ -29,32 +30,82 @@ PACE = 0.005  # the agent's streaming pace (work, never a synchronisation)
 
 
 class StreamingAgent(BaseAgent):
-    """Streams numbered chunks as partial events; what it does depends on the user's message:
+    """Streams without an LLM; what it does depends on the user's message:
 
     * ``stream``: a checkpoint (``ctx.raise_if_cancelled()``) before every chunk, up to 2000;
     * ``short``: three checkpointed chunks, then a final answer;
-    * ``hold``: three chunks, no checkpoint at all, waits for ``release``, then a final answer.
+    * ``hold``: three chunks, no checkpoint at all, waits for its session's gate, then a final
+      answer;
+    * ``turns``: two turns as an LLM agent takes them. Turn 1 streams "Let me ", stalls until
+      its session's gate opens (the model thinking), streams "look. ", asks for a tool call and
+      gets its result; turn 2 answers "It is 42.". A checkpoint before every chunk and after
+      every complete event, as trpc-agent's LlmAgent has them.
     """
 
-    release: asyncio.Event
+    gates: dict[str, asyncio.Event] = Field(default_factory=dict)
+
+    def gate(self, session_id: str) -> asyncio.Event:
+        """What a ``hold`` or ``turns`` run of the session waits for."""
+        return self.gates.setdefault(session_id, asyncio.Event())
 
     async def _run_async_impl(self, ctx: InvocationContext) -> AsyncGenerator[Event, None]:
         command = ctx.user_content.parts[0].text
+        if command == "turns":
+            async for event in self._turns(ctx):
+                yield event
+            return
         chunks = 2000 if command == "stream" else 3
         for i in range(chunks):
             if command != "hold":
                 await ctx.raise_if_cancelled()
-            yield self._event(ctx, f"t{i} ", partial=True)
+            yield self._event(ctx, Part.from_text(text=f"t{i} "), partial=True)
             await asyncio.sleep(PACE)
         if command == "hold":
-            await asyncio.wait_for(self.release.wait(), WAIT)
-        yield self._event(ctx, "done", partial=False)
+            await asyncio.wait_for(self.gate(ctx.session.id).wait(), WAIT)
+        yield self._event(ctx, Part.from_text(text="done"), partial=False)
 
-    def _event(self, ctx: InvocationContext, text: str, *, partial: bool) -> Event:
-        content = Content(role="model", parts=[Part.from_text(text=text)])
+    async def _turns(self, ctx: InvocationContext) -> AsyncGenerator[Event, None]:
+        await ctx.raise_if_cancelled()
+        yield self._event(ctx, Part.from_text(text="Let me "), partial=True)
+        await asyncio.wait_for(self.gate(ctx.session.id).wait(), WAIT)
+        await ctx.raise_if_cancelled()
+        yield self._event(ctx, Part.from_text(text="look. "), partial=True)
+        await ctx.raise_if_cancelled()
+        call = FunctionCall(id="call-1", name="lookup", args={})
+        text = Part.from_text(text="Let me look. ")
+        yield self._event(ctx, text, Part(function_call=call), partial=False)
+        await ctx.raise_if_cancelled()
+        result = FunctionResponse(id="call-1", name="lookup", response={"result": "42"})
+        yield self._event(ctx, Part(function_response=result), partial=False)
+        await ctx.raise_if_cancelled()
+        yield self._event(ctx, Part.from_text(text="It is 42."), partial=True)
+        await ctx.raise_if_cancelled()
+        yield self._event(ctx, Part.from_text(text="It is 42."), partial=False)
+
+    def _event(self, ctx: InvocationContext, *parts: Part, partial: bool) -> Event:
+        content = Content(role="model", parts=list(parts))
         return Event(
             invocation_id=ctx.invocation_id, author=self.name, content=content, partial=partial
         )
+
+
+GATED = "gated-"  # a session whose lookup waits for the gate "start:<session>" (a slow store)
+
+
+class GatedSessionService(InMemorySessionService):
+    """Sessions in memory; the lookup of a ``gated-`` session waits for its start gate, which
+    holds a run in the window between ``run_async`` and its registration."""
+
+    def __init__(self, agent: StreamingAgent) -> None:
+        super().__init__()
+        self._agent = agent
+
+    async def get_session(self, **kwargs: Any) -> Session | None:
+        session_id: str = kwargs["session_id"]
+        if session_id.startswith(GATED):
+            await asyncio.wait_for(self._agent.gate(f"start:{session_id}").wait(), WAIT)
+        session: Session | None = await super().get_session(**kwargs)
+        return session
 
 
 @dataclass
@@ -70,7 +121,7 @@ class TrpcNode:
         bus = CancelBus(redis_url, namespace=namespace, lease_ttl=3.0)
         await bus.start()
         trpc_agent.install(bus)
-        agent = StreamingAgent(name="streamer", release=asyncio.Event())
+        agent = StreamingAgent(name="streamer")
         runner = Runner(app_name=APP, agent=agent, session_service=InMemorySessionService())
         return cls(bus, runner, agent)
 
@@ -94,13 +145,6 @@ class TrpcNode:
             if len(events) == 3:
                 started.set_result(None)
         return events
-
-    async def last_session_text(self, user_id: str, session_id: str) -> str:
-        session = await self.runner.session_service.get_session(
-            app_name=APP, user_id=user_id, session_id=session_id
-        )
-        text: str = session.events[-1].content.parts[0].text
-        return text
 
 
 class LoopThread:

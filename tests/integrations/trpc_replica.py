@@ -1,0 +1,173 @@
+"""A trpc-agent replica process (see replica.py): trpc-agent installed on its bus, a Runner of the
+scripted agent, trpc-agent's A2A service (a2a-sdk 0.3) under ``/a2a/``, its AG-UI service at
+``/agui`` (where ``ag-ui-protocol`` is installed), and control routes the tests drive it with."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from a2a.server.apps import A2AStarletteApplication
+from fastapi import FastAPI
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+from trpc_agent_sdk.configs import RunConfig
+from trpc_agent_sdk.events import AgentCancelledEvent, Event
+from trpc_agent_sdk.runners import Runner
+from trpc_agent_sdk.server.a2a import TrpcA2aAgentService
+from trpc_agent_sdk.types import Content, Part
+
+from cancel_bus import CancelBus
+from cancel_bus.integrations import trpc_agent
+from cancel_bus.integrations.a2a import BusRequestHandler, BusTaskStore
+
+from ..helpers import WAIT
+from .a2a_support import CANCEL_TIMEOUT, card
+from .replica_routes import bus_routes, gate_routes
+from .trpc_support import APP, GatedSessionService, StreamingAgent
+
+
+@dataclass
+class TrpcRun:
+    """A ``Runner.run_async`` consumed in the background, as an application's handler does."""
+
+    events: list[Event] = field(default_factory=list)
+    streaming: asyncio.Event = field(default_factory=asyncio.Event)
+    task: asyncio.Task[None] | None = None
+    error: str | None = None
+
+    async def consume(self, runner: Runner, user_id: str, session_id: str, command: str) -> None:
+        message = Content(role="user", parts=[Part.from_text(text=command)])
+        events = runner.run_async(
+            user_id=user_id,
+            session_id=session_id,
+            new_message=message,
+            run_config=RunConfig(streaming=True),
+        )
+        self.task = asyncio.current_task()
+        try:
+            async for event in events:
+                self.events.append(event)
+                self.streaming.set()
+        except BaseException as exc:
+            self.error = f"{type(exc).__name__}: {exc}"
+            if not isinstance(exc, Exception):
+                raise
+
+    def summary(self, saved: str) -> dict[str, Any]:
+        whole = [e for e in self.events if not e.partial and not isinstance(e, AgentCancelledEvent)]
+        return {
+            "partial": "".join(_text(e) for e in self.events if e.partial),
+            "complete": [_text(e) for e in whole],
+            "cancelled": bool(self.events) and isinstance(self.events[-1], AgentCancelledEvent),
+            "error": self.error,
+            "saved": saved,
+        }
+
+
+def _text(event: Event) -> str:
+    parts = event.content.parts if event.content is not None else None
+    return "".join(part.text or "" for part in parts or [])
+
+
+class TrpcControl:
+    """The routes that start trpc-agent runs and call trpc-agent's cancel API on this replica."""
+
+    def __init__(self, runner: Runner) -> None:
+        self.runner = runner
+        self.runs: dict[tuple[str, str], TrpcRun] = {}
+
+    def routes(self) -> list[Route]:
+        return [
+            Route("/trpc/runs", self.start, methods=["POST"]),
+            Route("/trpc/runs/{user}/{session}/streaming", self.streaming, methods=["POST"]),
+            Route("/trpc/runs/{user}/{session}/result", self.result, methods=["POST"]),
+            Route("/trpc/cancel", self.cancel, methods=["POST"]),
+            Route("/trpc/sessions/{user}/{session}", self.saved, methods=["GET"]),
+        ]
+
+    async def start(self, request: Request) -> JSONResponse:
+        """Start a run; answers once ``run_async`` has been called (the run may not have
+        registered yet)."""
+        body = await request.json()
+        run = TrpcRun()
+        self.runs[body["user"], body["session"]] = run
+        started = asyncio.get_running_loop().create_future()
+
+        async def consume() -> None:
+            started.set_result(None)
+            await run.consume(self.runner, body["user"], body["session"], body["command"])
+
+        asyncio.create_task(consume())  # noqa: RUF006 (kept in self.runs)
+        await started
+        return JSONResponse({})
+
+    async def streaming(self, request: Request) -> JSONResponse:
+        run = self.runs[request.path_params["user"], request.path_params["session"]]
+        await asyncio.wait_for(run.streaming.wait(), WAIT)
+        return JSONResponse({})
+
+    async def result(self, request: Request) -> JSONResponse:
+        user, session = request.path_params["user"], request.path_params["session"]
+        run = self.runs[user, session]
+        assert run.task is not None
+        await asyncio.wait_for(asyncio.shield(run.task), WAIT)
+        return JSONResponse(run.summary(await self._saved(user, session)))
+
+    async def saved(self, request: Request) -> JSONResponse:
+        """The last text the session holds (a run of any service: A2A, AG-UI)."""
+        user, session = request.path_params["user"], request.path_params["session"]
+        return JSONResponse({"saved": await self._saved(user, session)})
+
+    async def _saved(self, user: str, session: str) -> str:
+        stored = await self.runner.session_service.get_session(
+            app_name=APP, user_id=user, session_id=session
+        )
+        return _text(stored.events[-1]) if stored is not None and stored.events else ""
+
+    async def cancel(self, request: Request) -> JSONResponse:
+        """trpc-agent's own cancel API, on this replica."""
+        body = await request.json()
+        answer = await self.runner.cancel_run_async(
+            body["user"], body["session"], timeout=body.get("timeout", WAIT)
+        )
+        return JSONResponse({"answer": answer})
+
+
+def a2a_app(bus: CancelBus, agent: StreamingAgent, session_service: Any, url: str) -> Starlette:
+    service = TrpcA2aAgentService(service_name=APP, agent=agent, session_service=session_service)
+    handler = BusRequestHandler(
+        bus, agent_executor=service, task_store=BusTaskStore(bus), cancel_timeout=CANCEL_TIMEOUT
+    )
+    return A2AStarletteApplication(agent_card=card(url), http_handler=handler).build()
+
+
+def add_agui(app: FastAPI, agent: StreamingAgent, session_service: Any) -> None:
+    """trpc-agent's AG-UI service at ``/agui``, if ``ag-ui-protocol`` is installed."""
+    try:
+        from trpc_agent_sdk.server.ag_ui import AgUiAgent, AgUiService
+    except ImportError:
+        return
+    agui = AgUiAgent(agent, app_name=APP, session_service=session_service, cancel_wait_timeout=WAIT)
+    AgUiService("agui", app=app).add_agent("/agui", agui)
+
+
+@asynccontextmanager
+async def serve(bus: CancelBus, url: str) -> AsyncIterator[FastAPI]:
+    trpc_agent.install(bus)
+    agent = StreamingAgent(name="streamer")
+    sessions = GatedSessionService(agent)
+    runner = Runner(app_name=APP, agent=agent, session_service=sessions)
+    app = FastAPI()
+    app.router.routes.extend(
+        [*TrpcControl(runner).routes(), *bus_routes(bus), *gate_routes(agent.gate)]
+    )
+    app.mount("/a2a", a2a_app(bus, agent, sessions, f"{url}/a2a/"))
+    add_agui(app, agent, sessions)
+    yield app
+    await runner.close()
