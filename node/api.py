@@ -5,12 +5,14 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Depends, HTTPException, Path, Query, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 from cancel_bus import ID_PATTERN, CancelBus, CancelResult, Outcome, RunInfo
 
 from . import sse
 from .auth import CurrentPrincipal, OpsPrincipal, Principal
+from .queries import WINDOW, RunQuery
 from .schemas import (
     CancelAnswer,
     CancelBody,
@@ -26,7 +28,6 @@ from .service import NodeService
 router = APIRouter(prefix="/v1", tags=["runs"])
 
 IdPath = Annotated[str, Path(pattern=ID_PATTERN, max_length=200)]
-IdQuery = Annotated[str | None, Query(pattern=ID_PATTERN, max_length=200)]
 OUTCOME_STATUS = {
     Outcome.CANCELLED: 200,
     Outcome.OWNER_LOST: 200,
@@ -38,11 +39,27 @@ NOT_FOUND = CancelResult(outcome=Outcome.NOT_FOUND, run=None)
 Responses = dict[int | str, dict[str, Any]]
 
 
-def errors(*codes: int) -> Responses:
-    """The error answers of a route that needs a token: 401, and ``codes``. 422 is a
+ERRORS = {
+    400: "the body is not JSON that can be parsed",
+    401: "a bearer token is needed (API tokens are configured) and none valid was given",
+    403: "this needs an ops token",
+    404: "no such run (another user's run answers the same)",
+    413: "the request body is larger than CANCEL_BUS_MAX_BODY_BYTES",
+    422: "invalid input: where and what, in one line and field by field (never echoed)",
+    503: "Redis is unreachable",
+}
+
+
+def errors(*codes: int, **descriptions: str) -> Responses:
+    """The error answers of a route that needs a token: 401, and ``codes``, described as in
+    :data:`ERRORS` unless ``descriptions`` says otherwise (``e409="..."``). 422 is a
     :class:`ValidationProblem`, every other one a :class:`Problem`."""
     return {
-        code: {"model": ValidationProblem if code == 422 else Problem} for code in (401, *codes)
+        code: {
+            "model": ValidationProblem if code == 422 else Problem,
+            "description": descriptions.get(f"e{code}") or ERRORS[code],
+        }
+        for code in (401, *codes)
     }
 
 
@@ -51,14 +68,12 @@ def errors(*codes: int) -> Responses:
 # (or, to start a run, the node draining)
 BODY_ERRORS = (400, 413, 422, 503)
 CANCEL_ANSWERS: Responses = {
+    **errors(*BODY_ERRORS),
+    200: {"model": CancelAnswer, "description": "cancelled, or owner_lost"},
     202: {"model": CancelAnswer, "description": "stopping: recorded, not yet confirmed"},
     404: {"model": CancelAnswer, "description": "not_found"},
     409: {"model": CancelAnswer, "description": "already_finished"},
-    **errors(*BODY_ERRORS),
 }
-StatusFilter = Annotated[
-    str, Query(pattern="^(active|all|queued|running|waiting|succeeded|failed|cancelled)$")
-]
 
 
 async def node_of(request: Request) -> NodeService:
@@ -71,9 +86,12 @@ CancelBodyIn = Annotated[CancelBody | None, Body()]
 
 
 START_ERRORS = errors(
-    403,  # a user token starting a run as someone else
-    409,  # the session has an active run, or the run id given cannot be used
+    403,
+    409,
     *BODY_ERRORS,
+    e403="a user token starting a run as another user",
+    e409="the session has an active run, or the run id given cannot be used",
+    e503="Redis is unreachable, or this node is draining (another replica takes it)",
 )
 
 
@@ -161,25 +179,40 @@ async def cancel_session(
 
 @router.get("/runs", response_model=RunList, responses=errors(422, 503))
 async def list_runs(
-    node: Node,
-    principal: CurrentPrincipal,
-    status: StatusFilter = "active",
-    node_id: IdQuery = None,
-    app_name: IdQuery = None,
-    user_id: IdQuery = None,
-    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    query: Annotated[RunQuery, Query()], node: Node, principal: CurrentPrincipal
 ) -> RunList:
-    """Runs across the cluster, newest first (a user token sees only its own)."""
+    """Runs across the cluster, the most recent first: an active run by its creation, a
+    finished one by its end (a user token sees only its own). Filters the library does not
+    take (session, phase, id prefix, age) look through the 1,000 most recent runs."""
+    return await runs_for(node, principal, query)
+
+
+def check_window(query: RunQuery) -> None:
+    """A page must lie within the runs a list looks through: a 422 otherwise."""
+    if query.offset + query.limit > WINDOW:
+        problem = {
+            "loc": ("query", "offset"),
+            "msg": f"offset + limit must be at most {WINDOW}",
+            "type": "value_error",
+        }
+        raise RequestValidationError([problem])
+
+
+async def runs_for(node: NodeService, principal: Principal, query: RunQuery) -> RunList:
+    """The page of runs ``query`` asks for, of those ``principal`` may see."""
+    check_window(query)
+    at = node.bus.clock()
     if not principal.is_ops:
-        if user_id is not None and user_id != principal.user_id:
-            return RunList(runs=[])
-        user_id = principal.user_id
-    runs = await node.list_runs(status, node_id, app_name, user_id, limit)
-    return RunList(runs=runs)
+        if query.user_id not in (None, principal.user_id):
+            return RunList(runs=[], more=False, at=at)
+        query = query.model_copy(update={"user_id": principal.user_id})
+    runs, more = await node.query_runs(query)
+    return RunList(runs=runs, more=more, at=at)
 
 
 @router.get("/runs/{run_id}", response_model=RunInfo, responses=errors(404, 422, 503))
 async def get_run(run_id: IdPath, node: Node, principal: CurrentPrincipal) -> RunInfo:
+    """One run: status, owner, phase, the cancel's timestamps, output, end reason."""
     _, run = await _visible_run(node, principal, run_id)
     return run
 
@@ -188,12 +221,13 @@ async def get_run(run_id: IdPath, node: Node, principal: CurrentPrincipal) -> Ru
 async def run_events(run_id: IdPath, node: Node, principal: CurrentPrincipal) -> EventList:
     """The run's lifecycle: started, cancel requested/delivered, finished..."""
     bus, _ = await _visible_run(node, principal, run_id)
-    return EventList(events=await bus.events(run_id))
+    return EventList(events=await bus.events(run_id), at=bus.clock())
 
 
 @router.get("/nodes", response_model=NodeList, responses=errors(403, 503), tags=["ops"])
 async def list_nodes(node: Node, principal: OpsPrincipal) -> NodeList:
-    return NodeList(nodes=await node.bus.list_nodes())
+    """The live nodes, by id, each with the state of its lease (a dying node is ``late``)."""
+    return NodeList(nodes=await node.list_nodes(), at=node.bus.clock())
 
 
 def _may_start(principal: Principal, body: StartRun, node: NodeService) -> None:

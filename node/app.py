@@ -26,6 +26,8 @@ from cancel_bus import __version__ as VERSION
 from . import api, dashboard, health
 from .auth import TokenTable
 from .body_limit import BodyLimit
+from .docs import add_docs
+from .metrics import HttpMetrics
 from .schemas import FieldError, ValidationProblem
 from .service import NodeService
 from .settings import ENV_PREFIX, Settings, is_loopback
@@ -68,7 +70,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 exposed,
             )
         await node.start()
-        log.info("node %s ready; dashboard at /", node.bus.node_id)
+        host = f"[{settings.host}]" if ":" in settings.host else settings.host
+        log.info(
+            "node %s ready: dashboard at http://%s:%d/ (API docs at /docs)",
+            node.bus.node_id,
+            host,
+            settings.port,
+        )
         try:
             yield
         finally:
@@ -79,8 +87,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         version=VERSION,
         description="Start, stream, cancel and inspect runs from any replica.",
         lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
     )
+    add_docs(app, favicon_url=dashboard.FAVICON_URL)
     app.add_middleware(BodyLimit, max_body_size=settings.max_body_bytes)
+    app.add_middleware(HttpMetrics, metrics=node.metrics)
     app.state.node = node
     app.state.tokens = tokens
     app.state.settings = settings

@@ -6,7 +6,8 @@ import hmac
 from dataclasses import dataclass
 from typing import Annotated, Literal
 
-from fastapi import Depends, HTTPException, Request
+from fastapi import Depends, HTTPException, Request, Security
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from cancel_bus import RunInfo
 
@@ -43,15 +44,16 @@ class TokenTable:
     def enabled(self) -> bool:
         return bool(self._tokens)
 
-    def principal(self, authorization: str | None) -> Principal | None:
+    def principal(self, token: str | None) -> Principal | None:
+        """Who ``token`` (a bearer token, or None) is; None: nobody."""
         if not self.enabled:
             return ANONYMOUS_OPS
-        if not authorization or not authorization.lower().startswith("bearer "):
+        if not token:
             return None
-        offered = authorization[7:].strip().encode()
+        offered = token.strip().encode()
         found: TokenGrant | None = None
-        for token, grant in self._tokens:  # compare with every token: no timing hint
-            if hmac.compare_digest(token, offered):
+        for known, grant in self._tokens:  # compare with every token: no timing hint
+            if hmac.compare_digest(known, offered):
                 found = grant
         if found is None:
             return None
@@ -59,9 +61,17 @@ class TokenTable:
         return Principal(role=found.role, user_id=found.user_id, name=name)
 
 
-async def authenticate(request: Request) -> Principal:
+# Declares the scheme in the OpenAPI (Swagger's "Authorize"); the token is checked below.
+BEARER = HTTPBearer(
+    auto_error=False,
+    description="An API token of CANCEL_BUS_API_TOKENS (none needed when auth is off).",
+)
+Credentials = Annotated[HTTPAuthorizationCredentials | None, Security(BEARER)]
+
+
+async def authenticate(request: Request, credentials: Credentials) -> Principal:
     table: TokenTable = request.app.state.tokens
-    principal = table.principal(request.headers.get("authorization"))
+    principal = table.principal(credentials.credentials if credentials else None)
     if principal is None:
         raise HTTPException(
             status_code=401,

@@ -1,81 +1,83 @@
 """The ``cancel-bus`` command: serve a node, demo a local cluster, inspect and cancel runs.
 
 Client commands talk HTTP to ``--url`` (default: the local node) with ``--token``; ``--json``
-prints machine-readable output. Errors are one line on stderr and a non-zero exit.
+prints machine-readable output (timestamps in ISO 8601). Errors are one line on stderr; the
+exit codes are in :class:`Exit`.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
-import contextlib
 import json
 import logging
 import os
-import signal
+import shutil
 import sys
 import time
 from collections.abc import Sequence
-from types import FrameType
-from typing import Any
+from enum import IntEnum
+from typing import Any, NoReturn, get_args
+from urllib.parse import quote, urlsplit
 
 import httpx
 import uvicorn
 from pydantic import ValidationError
 from rich.console import Console
-from rich.table import Table
+from rich.live import Live
 
-from cancel_bus import InvalidArgument, __version__, acl_rules
+from cancel_bus import CancelMode, InvalidArgument, __version__, acl_rules
+
+from .display import as_json, nodes_table, run_details, runs_table, span, status_of
+from .queries import WINDOW, StatusFilter
+from .server import DrainingServer, PortInUse
 
 DEFAULT_URL = "http://127.0.0.1:8080"
-EXIT_ERROR, EXIT_NOT_FOUND, EXIT_FINISHED = 1, 2, 3
-OUTCOME_EXIT = {"not_found": EXIT_NOT_FOUND, "already_finished": EXIT_FINISHED}
+out = Console(highlight=False)
 
-out = Console()
-err = Console(stderr=True)
+
+class Exit(IntEnum):
+    """The exit codes of ``cancel-bus``."""
+
+    OK = 0  # cancel: cancelled, stopping or owner_lost
+    ERROR = 1  # the node is unreachable or answered an error; a bad configuration
+    USAGE = 2  # a bad command line
+    FINISHED = 3  # cancel: the run had already finished
+    NOT_FOUND = 4  # no such run (or id prefix); no active run in the session
+    AMBIGUOUS = 5  # an id prefix that several runs start with
+
+
+EXIT_HELP = """exit codes:
+  0  done (cancel: cancelled, stopping or owner_lost)
+  1  error: the node is unreachable or answered an error, or a bad configuration
+  2  a bad command line
+  3  cancel: the run had already finished
+  4  not found: no such run (or id prefix), no active run in the session
+  5  an id prefix that several runs start with"""
+OUTCOME_EXIT = {"not_found": Exit.NOT_FOUND, "already_finished": Exit.FINISHED}
 
 
 class CliError(Exception):
-    """A failure to report as one line."""
+    """A failure to report as one line, with its exit code."""
+
+    def __init__(self, message: str, code: Exit = Exit.ERROR) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, with a bad command line reported in one line (exit code 2)."""
+
+    def error(self, message: str) -> NoReturn:
+        _say(f"{self.prog}: {message} (see {self.prog} --help)")
+        sys.exit(Exit.USAGE)
+
+
+def _say(message: str) -> None:
+    """One line on stderr, whatever the message holds."""
+    sys.stderr.write(" ".join(message.split()) + "\n")
 
 
 # -- serve ------------------------------------------------------------------------------------
-
-
-class DrainingServer(uvicorn.Server):
-    """On the first SIGTERM/SIGINT: fail readiness, drain the node (runs get the drain timeout,
-    the rest are cancelled and recorded), then stop serving. A second signal forces the exit."""
-
-    def __init__(self, config: uvicorn.Config) -> None:
-        super().__init__(config)
-        self._drain: asyncio.Task[None] | None = None
-
-    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-        if self._drain is not None:
-            self.force_exit = True
-            super().handle_exit(sig, frame)
-            return
-        self._captured_signals.append(sig)
-        loop = asyncio.get_event_loop()
-        self._drain = loop.create_task(self._drain_then_exit())
-
-    async def _drain_then_exit(self) -> None:
-        node = _find_node(self.config.loaded_app)
-        try:
-            if node is not None:
-                await node.drain()
-        finally:
-            self.should_exit = True
-
-
-def _find_node(app: Any) -> Any:
-    """The node service of the app uvicorn serves (possibly wrapped in middleware)."""
-    while app is not None:
-        state = getattr(app, "state", None)
-        if state is not None and hasattr(state, "node"):
-            return state.node
-        app = getattr(app, "app", None)
-    return None
 
 
 def serve(args: argparse.Namespace) -> int:
@@ -92,6 +94,7 @@ def serve(args: argparse.Namespace) -> int:
     if args.insecure_no_auth:
         os.environ["CANCEL_BUS_INSECURE_NO_AUTH"] = "true"
     from .app import create_app  # noqa: PLC0415 (settings read the environment set above)
+    from .service import DataDirBusy  # noqa: PLC0415
     from .settings import ENV_PREFIX, Settings  # noqa: PLC0415
 
     try:
@@ -105,248 +108,215 @@ def serve(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(levelname)s:     %(name)s: %(message)s"
     )
-    config = uvicorn.Config(
-        app,
-        host=settings.host,
-        port=settings.port,
-        log_level=settings.log_level,
-        timeout_graceful_shutdown=5,  # after the drain: streams have ended, runs are recorded
-        access_log=False,
-    )
-    server = DrainingServer(config)
-    host = f"[{settings.host}]" if ":" in settings.host else settings.host
-    out.print(f"cancel-bus node: dashboard at http://{host}:{settings.port}/  (API docs: /docs)")
-    server.run()
+    node = app.state.node
+    try:
+        if settings.redis_connection_url() is None:
+            node.claim_data_dir()  # before the port: a second node here says whom to join
+        config = uvicorn.Config(
+            app,
+            host=settings.host,
+            port=settings.port,
+            log_level=settings.log_level,
+            timeout_graceful_shutdown=5,  # after the drain: streams have ended, runs recorded
+            access_log=settings.access_log,
+        )
+        _hint_the_cli()
+        DrainingServer(config, node).run()  # binds the port before the node joins
+    except (DataDirBusy, PortInUse) as exc:
+        raise CliError(str(exc)) from None
     return 0
+
+
+def _hint_the_cli() -> None:
+    """Where this very command is, when a shell would not find it by name."""
+    here = shutil.which(sys.argv[0]) or sys.argv[0]
+    if os.path.basename(here) == "cancel-bus" and shutil.which("cancel-bus") != here:
+        activate = os.path.join(os.path.dirname(here), "activate")
+        out.print(
+            f"the CLI: {here} --help (or `source {activate}` for cancel-bus on PATH)",
+            soft_wrap=True,
+        )
 
 
 # -- demo -------------------------------------------------------------------------------------
 
 
 def demo(args: argparse.Namespace) -> int:
-    from .embedded import EmbeddedServer, free_port  # noqa: PLC0415
+    from .demo import NotReady, run_demo  # noqa: PLC0415
+    from .embedded import ServerError  # noqa: PLC0415
 
     if args.nodes < 2:
-        raise CliError("a demo of a cross-node cancel needs at least 2 nodes")
-    server = EmbeddedServer().start()
-    processes = []
+        raise CliError("a demo of a cross-node cancel needs at least 2 nodes", Exit.USAGE)
     try:
-        ports = [free_port() for _ in range(args.nodes)]
-        out.print(f"embedded server: {server.url}")
-        for i, port in enumerate(ports, 1):
-            env = {
-                **os.environ,
-                "CANCEL_BUS_REDIS_URL": server.url,
-                "CANCEL_BUS_NODE_ID": f"node-{i}",
-                "CANCEL_BUS_PORT": str(port),
-                "CANCEL_BUS_HOST": "127.0.0.1",
-                "CANCEL_BUS_LOG_LEVEL": "warning",
-            }
-            for key in ("CANCEL_BUS_API_TOKENS", "CANCEL_BUS_API_TOKENS_FILE"):
-                env.pop(key, None)
-            processes.append(_spawn_node(env))
-        urls = [f"http://127.0.0.1:{port}" for port in ports]
-        for url in urls:
-            _wait_ready(url, timeout=30)
-        out.print(f"{args.nodes} nodes ready: " + ", ".join(urls))
-        _show_cross_node_cancel(urls)
-        out.print("\ndashboards: " + "  ".join(f"{url}/" for url in urls))
-        if args.exit:
-            return 0
-        out.print("Ctrl-C to stop the cluster.")
-        with contextlib.suppress(KeyboardInterrupt):
-            signal.pause()
-        return 0
-    finally:
-        for process in processes:
-            process.send_signal(signal.SIGTERM)
-        for process in processes:
-            try:
-                process.wait(30)
-            except Exception:
-                process.kill()
-        server.cleanup()
+        return run_demo(args.nodes, args.exit)
+    except (NotReady, ServerError, httpx.HTTPError) as exc:
+        raise CliError(f"demo: {exc}") from None
 
 
-def _spawn_node(env: dict[str, str]) -> Any:
-    import subprocess  # noqa: PLC0415
-
-    return subprocess.Popen(
-        [sys.executable, "-m", "node.cli", "serve"],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
+# -- the HTTP client ----------------------------------------------------------------------------
 
 
-def _wait_ready(url: str, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    raise CliError(f"node at {url} was not ready within {timeout:.0f}s")
-
-
-def _show_cross_node_cancel(urls: list[str]) -> None:
-    first, second = urls[0], urls[1]
-    body = {
-        "app_name": "demo",
-        "user_id": "alice",
-        "session_id": "s1",
-        "agent": {
-            "tokens": 2000,
-            "token_interval_ms": 20,
-            "tools": [{"name": "search", "duration_ms": 300}],
-        },
-    }
-    started = httpx.post(f"{first}/v1/runs", json=body, timeout=10).json()
-    run_id = started["run_id"]
-    out.print(f"\nstarted run {run_id} on node-1 ({started['owner']})")
-    time.sleep(0.5)
-    out.print(f"cancelling it through node-2 ({second}) ...")
-    t0 = time.perf_counter()
-    response = httpx.post(f"{second}/v1/runs/{run_id}/cancel", json={"reason": "demo"}, timeout=10)
-    elapsed = (time.perf_counter() - t0) * 1000
-    answer = response.json()
-    run = answer["run"]
-    out.print(
-        f"HTTP {response.status_code} {answer['outcome']} in {elapsed:.1f} ms "
-        f"(status {run['status']}, {len(run['output'])} chars of partial output kept)"
-    )
-    requested = run["cancel_requested_at"]
-    for phase in ("cancel_delivered_at", "cancel_observed_at", "finished_at"):
-        if run.get(phase):
-            label = phase.removesuffix("_at").replace("cancel_", "")
-            out.print(f"  {label:>9}: +{(run[phase] - requested) * 1000:.2f} ms after request")
-
-
-# -- client commands --------------------------------------------------------------------------
-
-
-def _client(args: argparse.Namespace) -> httpx.Client:
+def _call(
+    args: argparse.Namespace, method: str, path: str, ok: tuple[int, ...] = (200,), **kwargs: Any
+) -> httpx.Response:
+    """The node's answer; any status not in ``ok`` is a one-line error with its message."""
     headers = {"Authorization": f"Bearer {args.token}"} if args.token else {}
-    return httpx.Client(base_url=args.url, headers=headers, timeout=args.http_timeout)
-
-
-def _call(args: argparse.Namespace, method: str, path: str, **kwargs: Any) -> httpx.Response:
     try:
-        with _client(args) as client:
+        with httpx.Client(base_url=args.url, headers=headers, timeout=args.http_timeout) as client:
             response = client.request(method, path, **kwargs)
     except httpx.HTTPError as exc:
-        raise CliError(f"cannot reach {args.url}: {exc}") from None
-    if response.status_code in (401, 403, 422, 503) or response.status_code >= 500:
-        raise CliError(f"HTTP {response.status_code}: {_detail(response)}")
+        raise CliError(f"cannot reach {args.url}: {exc or type(exc).__name__}") from None
+    if response.status_code not in ok:
+        raise CliError(f"{args.url} answered HTTP {response.status_code}: {_detail(response)}")
     return response
 
 
 def _detail(response: httpx.Response) -> str:
     try:
         detail = response.json().get("detail")
-    except ValueError:
-        return response.text[:200]
+    except (ValueError, AttributeError):
+        return response.text[:200] or response.reason_phrase
     return detail if isinstance(detail, str) else json.dumps(detail)[:300]
 
 
+def _run_path(run_id: str, suffix: str = "") -> str:
+    return f"/v1/runs/{quote(run_id, safe='')}{suffix}"
+
+
+def _resolve(args: argparse.Namespace, ref: str) -> dict[str, Any]:
+    """The run whose id is ``ref``, or the one run whose id starts with it."""
+    response = _call(args, "GET", _run_path(ref), ok=(200, 404))
+    if response.status_code == 200:
+        run: dict[str, Any] = response.json()
+        return run
+    found = _by_prefix(args, ref)
+    if found is None:
+        raise CliError(_no_run(ref), Exit.NOT_FOUND)
+    return found
+
+
+def _by_prefix(args: argparse.Namespace, prefix: str) -> dict[str, Any] | None:
+    """The one run whose id starts with ``prefix`` (among the most recent), if any."""
+    params = {"status": "all", "id_prefix": prefix, "limit": 6}
+    matches = _call(args, "GET", "/v1/runs", params=params).json()["runs"]
+    if len(matches) > 1:
+        ids = ", ".join(run["run_id"] for run in matches[:5])
+        more = ", ..." if len(matches) > 5 else ""
+        raise CliError(f"{prefix} is the start of several run ids: {ids}{more}", Exit.AMBIGUOUS)
+    found: dict[str, Any] | None = matches[0] if matches else None
+    return found
+
+
+def _no_run(ref: str) -> str:
+    return f"no run {ref} (nor one whose id starts so, of the {WINDOW:,} most recent)"
+
+
+# -- client commands --------------------------------------------------------------------------
+
+
 def runs(args: argparse.Namespace) -> int:
-    params = {"status": args.status, "limit": args.limit}
-    for key in ("node", "user", "app"):
-        value = getattr(args, key)
-        if value:
-            params[{"node": "node_id", "user": "user_id", "app": "app_name"}[key]] = value
-    found = _call(args, "GET", "/v1/runs", params=params).json()["runs"]
-    if args.json:
-        print(json.dumps(found, indent=2))
+    params: dict[str, Any] = {"status": args.status, "limit": args.limit}
+    for flag, name in (
+        ("node", "node_id"),
+        ("app", "app_name"),
+        ("user", "user_id"),
+        ("session", "session_id"),
+        ("phase", "phase"),
+        ("id", "id_prefix"),
+        ("older_than", "min_age"),
+        ("newer_than", "max_age"),
+    ):
+        if getattr(args, flag) is not None:
+            params[name] = getattr(args, flag)
+    if args.watch is None:
+        answer = _call(args, "GET", "/v1/runs", params=params).json()
+        if args.json:
+            print(as_json(answer["runs"]))
+        else:
+            out.print(runs_table(answer["runs"], answer["at"], out.width))
+            if answer["more"]:
+                out.print(f"(more match: --limit above {args.limit})", style="dim")
         return 0
-    table = Table("run", "status", "owner", "phase", "app / user / session", "age")
-    now = time.time()
-    for run in found:
-        status = "stopping" if run["stopping"] else run["status"]
-        session = " / ".join(filter(None, (run["app_name"], run["user_id"], run["session_id"])))
-        table.add_row(
-            run["run_id"],
-            status,
-            run["owner"] or "-",
-            run["phase"] or "-",
-            session or "-",
-            f"{now - run['created_at']:.0f}s",
-        )
-    out.print(table)
+    return _watch(args, params)
+
+
+def _watch(args: argparse.Namespace, params: dict[str, Any]) -> int:
+    """``runs --watch``: the table again every few seconds, in place; Ctrl-C ends it."""
+    refreshes = 0
+    try:
+        with Live(console=out, auto_refresh=False) as live:
+            while args.count is None or refreshes < args.count:
+                answer = _call(args, "GET", "/v1/runs", params=params).json()
+                title = (
+                    f"{len(answer['runs'])}{'+' if answer['more'] else ''} run(s), "
+                    f"{args.status}, at {time.strftime('%H:%M:%S')} (Ctrl-C to stop)"
+                )
+                table = runs_table(answer["runs"], answer["at"], out.width, title)
+                live.update(table, refresh=True)
+                refreshes += 1
+                if args.count is None or refreshes < args.count:
+                    time.sleep(args.watch)
+    except KeyboardInterrupt:
+        pass
     return 0
 
 
-def run_details(args: argparse.Namespace) -> int:
-    response = _call(args, "GET", f"/v1/runs/{args.run_id}")
-    if response.status_code == 404:
-        raise CliError(f"run {args.run_id} not found")
-    run = response.json()
-    events = _call(args, "GET", f"/v1/runs/{args.run_id}/events").json()["events"]
+def run_details_command(args: argparse.Namespace) -> int:
+    run = _resolve(args, args.run_id)
+    answer = _call(args, "GET", _run_path(run["run_id"], "/events")).json()
     if args.json:
-        print(json.dumps({"run": run, "events": events}, indent=2))
+        print(as_json({"run": run, "events": answer["events"]}))
         return 0
-    table = Table("field", "value", show_header=False)
-    for key, value in run.items():
-        if value not in (None, "", False) and key != "output":
-            table.add_row(key, str(value))
-    table.add_row("output", _shorten(run["output"]))
-    out.print(table)
-    timeline = Table("event", "at (+ms)", "data")
-    start = events[0]["at"] if events else 0
-    for event in events:
-        timeline.add_row(
-            event["type"], f"{(event['at'] - start) * 1000:.1f}", json.dumps(event["data"])
-        )
-    out.print(timeline)
+    out.print(run_details(run, answer["events"], answer["at"]))
     return 0
 
 
 def cancel(args: argparse.Namespace) -> int:
-    body = {
-        "mode": args.mode,
-        "wait": not args.no_wait,
-        "timeout": args.timeout,
-        "reason": args.reason,
-    }
+    body = {"mode": args.mode, "wait": not args.no_wait, "timeout": args.timeout}
+    body["reason"] = args.reason
     if args.session:
-        app, user, session = args.session
-        path = f"/v1/sessions/{app}/{user}/{session}/cancel"
+        path = "/v1/sessions/{}/{}/{}/cancel".format(*(quote(p, safe="") for p in args.session))
+        target = "no active run in session " + "/".join(args.session)
     elif args.run_id:
-        path = f"/v1/runs/{args.run_id}/cancel"
+        path = _run_path(args.run_id, "/cancel")
+        target = _no_run(args.run_id)
     else:
-        raise CliError("give a RUN_ID or --session APP USER SESSION")
-    answer = _call(args, "POST", path, json=body).json()
-    outcome = answer["outcome"]
+        raise CliError("give a RUN_ID or --session APP USER SESSION", Exit.USAGE)
+    answers = (200, 202, 404, 409)
+    answer = _call(args, "POST", path, ok=answers, json=body).json()
+    if answer["outcome"] == "not_found" and args.run_id:  # perhaps the start of an id
+        found = _by_prefix(args, args.run_id)
+        if found is not None:
+            path = _run_path(found["run_id"], "/cancel")
+            answer = _call(args, "POST", path, ok=answers, json=body).json()
     if args.json:
-        print(json.dumps(answer, indent=2))
+        print(as_json(answer))
     else:
-        run = answer.get("run") or {}
-        status = f" (run {run['run_id']}: {run['status']})" if run else ""
-        out.print(f"{outcome}{status}")
-    return OUTCOME_EXIT.get(outcome, 0)
+        out.print(_outcome_line(answer, target, args.timeout), soft_wrap=True)
+    return OUTCOME_EXIT.get(answer["outcome"], Exit.OK)
+
+
+def _outcome_line(answer: dict[str, Any], not_found: str, timeout: float) -> str:
+    outcome, run = answer["outcome"], answer["run"]
+    if run is None:
+        return f"{outcome}: {not_found}"
+    what = f"run {run['run_id']}"
+    requested = run.get("cancel_requested_at")
+    if outcome == "cancelled" and requested and run.get("finished_at"):
+        return f"{outcome}: {what} stopped {span(run['finished_at'] - requested)} after the request"
+    if outcome == "stopping":
+        return f"{outcome}: {what}: the cancel is recorded; not confirmed within {timeout:g} s"
+    if outcome == "owner_lost":
+        return f"{outcome}: {what}: its node had died; resolved when its lease expired"
+    return f"{outcome}: {what} ({status_of(run)})"
 
 
 def nodes(args: argparse.Namespace) -> int:
-    found = _call(args, "GET", "/v1/nodes").json()["nodes"]
+    answer = _call(args, "GET", "/v1/nodes").json()
     if args.json:
-        print(json.dumps(found, indent=2))
-        return 0
-    table = Table("node", "epoch", "heartbeat", "lease left", "active runs", "version")
-    now = time.time()
-    for node in found:
-        lease = "expired" if node["expired"] else f"{node['lease_expires_at'] - now:.1f}s"
-        table.add_row(
-            node["node_id"],
-            str(node["epoch"]),
-            f"{now - node['last_heartbeat']:.1f}s ago",
-            lease,
-            str(node["active_runs"]),
-            node["version"],
-        )
-    out.print(table)
+        print(as_json(answer["nodes"]))
+    else:
+        out.print(nodes_table(answer["nodes"], answer["at"]))
     return 0
 
 
@@ -358,26 +328,65 @@ def print_acl_rules(args: argparse.Namespace) -> int:
     return 0
 
 
-def _shorten(text: str, limit: int = 120) -> str:
-    return text if len(text) <= limit else text[:limit] + f"… ({len(text)} chars)"
-
-
 # -- parser -----------------------------------------------------------------------------------
 
 
+def _http_url(value: str) -> str:
+    parts = urlsplit(value)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise argparse.ArgumentTypeError(f"{value!r} is not an http(s) URL, e.g. {DEFAULT_URL}")
+    return value
+
+
+def _seconds(value: str) -> float:
+    """``90``, ``90s``, ``5m``, ``2h``, ``1d``."""
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    number, unit = (value[:-1], value[-1]) if value[-1:] in units else (value, "s")
+    try:
+        seconds = float(number) * units[unit]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a duration (90s, 5m, 2h)") from None
+    if not 0 <= seconds < float("inf"):
+        raise argparse.ArgumentTypeError(f"{value!r} is not a duration (90s, 5m, 2h)")
+    return seconds
+
+
+def _positive(kind: type[int] | type[float]) -> Any:
+    def parse(value: str) -> int | float:
+        try:
+            number = kind(value)
+        except ValueError:
+            number = 0
+        if not 0 < number < float("inf"):
+            raise argparse.ArgumentTypeError(f"{value!r} is not a positive {kind.__name__}")
+        return number
+
+    return parse
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="cancel-bus", description="Cancel long-running work from any node of a cluster."
+    parser = Parser(
+        prog="cancel-bus",
+        description="Cancel long-running work from any node of a cluster.",
+        epilog=EXIT_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"cancel-bus {__version__}")
-    commands = parser.add_subparsers(dest="command", required=True)
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    p = commands.add_parser("serve", help="run a node (no Redis URL: an embedded server)")
-    p.add_argument("--host")
-    p.add_argument("--port", type=int)
-    p.add_argument("--redis-url")
-    p.add_argument("--node-id")
-    p.add_argument("--namespace")
+    p = commands.add_parser(
+        "serve",
+        help="run a node (no Redis URL: an embedded server)",
+        description="Run a node: the HTTP API, the dashboard at /, API docs at /docs. Settings "
+        "come from CANCEL_BUS_* variables (README, Configuration); these flags override a few. "
+        "Ctrl-C (SIGTERM) drains: runs get CANCEL_BUS_DRAIN_TIMEOUT to finish, then are "
+        "cancelled; a second Ctrl-C cancels them at once.",
+    )
+    p.add_argument("--host", help="address to listen on (CANCEL_BUS_HOST; default 127.0.0.1)")
+    p.add_argument("--port", type=int, help="port to listen on (CANCEL_BUS_PORT; default 8080)")
+    p.add_argument("--redis-url", help="Redis URL (CANCEL_BUS_REDIS_URL; none: embedded server)")
+    p.add_argument("--node-id", help="this node's id (CANCEL_BUS_NODE_ID; default host-pid-random)")
+    p.add_argument("--namespace", help="key prefix shared by the cluster (CANCEL_BUS_NAMESPACE)")
     p.add_argument(
         "--insecure-no-auth",
         action="store_true",
@@ -385,58 +394,134 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=serve)
 
-    p = commands.add_parser("demo", help="a local cluster: cancel a run on node 1 via node 2")
-    p.add_argument("--nodes", type=int, default=3)
+    p = commands.add_parser(
+        "demo",
+        help="a local cluster: cancel a run on node 1 via node 2",
+        description="Start an embedded server and N nodes, cancel a run of node 1 through node "
+        "2, then keep the cluster up until Ctrl-C (or SIGTERM): its processes stop with it.",
+    )
+    p.add_argument("--nodes", type=int, default=3, help="how many nodes (default 3, at least 2)")
     p.add_argument("--exit", action="store_true", help="stop after the demo instead of waiting")
     p.set_defaults(func=demo)
 
-    client = argparse.ArgumentParser(add_help=False)
-    client.add_argument("--url", default=os.environ.get("CANCEL_BUS_URL", DEFAULT_URL))
-    client.add_argument("--token", default=os.environ.get("CANCEL_BUS_TOKEN"))
-    client.add_argument("--json", action="store_true", help="machine-readable output")
+    client = Parser(add_help=False)
+    client.add_argument(
+        "--url",
+        type=_http_url,
+        default=os.environ.get("CANCEL_BUS_URL", DEFAULT_URL),
+        help=f"the node to ask (CANCEL_BUS_URL; default {DEFAULT_URL})",
+    )
+    client.add_argument(
+        "--token",
+        default=os.environ.get("CANCEL_BUS_TOKEN"),
+        help="bearer token (CANCEL_BUS_TOKEN), if the node has API tokens",
+    )
+    client.add_argument(
+        "--json", action="store_true", help="JSON output for scripts (ISO 8601 times)"
+    )
     client.add_argument("--http-timeout", type=float, default=70.0, help=argparse.SUPPRESS)
 
-    p = commands.add_parser("runs", parents=[client], help="list runs across the cluster")
-    p.add_argument("--status", default="active")
-    p.add_argument("--node")
-    p.add_argument("--user")
-    p.add_argument("--app")
-    p.add_argument("--limit", type=int, default=100)
+    p = commands.add_parser(
+        "runs",
+        parents=[client],
+        help="list runs across the cluster",
+        description="Runs across the cluster, the most recent first (an active run by its "
+        "start, a finished one by its end). Session, phase, id and age filters look through "
+        f"the {WINDOW:,} most recent runs.",
+    )
+    p.add_argument(
+        "--status",
+        default="active",
+        choices=get_args(StatusFilter),
+        help="active (default), finished, all, or one status",
+    )
+    p.add_argument("--node", help="runs owned by this node")
+    p.add_argument("--app", help="runs of this app")
+    p.add_argument("--user", help="runs of this user")
+    p.add_argument("--session", help="runs of this session")
+    p.add_argument("--phase", help="runs in this phase, or kind of phase (tool: tool:search)")
+    p.add_argument("--id", help="runs whose id starts so")
+    p.add_argument(
+        "--older-than", type=_seconds, metavar="AGE", help="started AGE ago or more (90s, 5m, 2h)"
+    )
+    p.add_argument("--newer-than", type=_seconds, metavar="AGE", help="started AGE ago or less")
+    p.add_argument("--limit", type=int, default=100, help=f"at most (1-{WINDOW}, default 100)")
+    p.add_argument(
+        "--watch",
+        type=_positive(float),
+        nargs="?",
+        const=2.0,
+        metavar="SECONDS",
+        help="show the list again every SECONDS (default 2) until Ctrl-C",
+    )
+    p.add_argument("--count", type=_positive(int), help="with --watch: stop after COUNT refreshes")
     p.set_defaults(func=runs)
 
-    p = commands.add_parser("run", parents=[client], help="one run: details and events")
-    p.add_argument("run_id")
-    p.set_defaults(func=run_details)
-
-    p = commands.add_parser("cancel", parents=[client], help="cancel a run from any node")
-    p.add_argument("run_id", nargs="?")
-    p.add_argument("--session", nargs=3, metavar=("APP", "USER", "SESSION"))
-    p.add_argument(
-        "--mode", default="checkpoint", choices=["checkpoint", "immediate", "after_turn"]
+    p = commands.add_parser(
+        "run",
+        parents=[client],
+        help="one run: details, cancel phases, event timeline, output",
+        description="One run, by its id or the start of it (unique among the recent runs).",
     )
-    p.add_argument("--reason")
-    p.add_argument("--no-wait", action="store_true")
-    p.add_argument("--timeout", type=float, default=5.0)
+    p.add_argument("run_id", metavar="RUN_ID", help="a run id, or the start of one")
+    p.set_defaults(func=run_details_command)
+
+    p = commands.add_parser(
+        "cancel",
+        parents=[client],
+        help="cancel a run (or a session's active run) from any node",
+        description="Cancel a run by its id (or the start of one), or a session's active run. "
+        "Waits up to --timeout for the owner to confirm.",
+        epilog=EXIT_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("run_id", nargs="?", metavar="RUN_ID", help="a run id, or the start of one")
+    p.add_argument("--session", nargs=3, metavar=("APP", "USER", "SESSION"), help="a session")
+    p.add_argument(
+        "--mode",
+        default="checkpoint",
+        choices=[mode.value for mode in CancelMode],
+        help="checkpoint (default): at its next checkpoint; immediate: also interrupt what it "
+        "awaits; after_turn: once its turn ends",
+    )
+    p.add_argument("--reason", help="recorded with the run")
+    p.add_argument("--no-wait", action="store_true", help="answer once recorded: stopping")
+    p.add_argument(
+        "--timeout", type=float, default=5.0, help="seconds to wait for it (0.1-60, default 5)"
+    )
     p.set_defaults(func=cancel)
 
-    p = commands.add_parser("nodes", parents=[client], help="the live nodes")
+    p = commands.add_parser(
+        "nodes",
+        parents=[client],
+        help="the live nodes and their leases (needs an ops token)",
+        description="The live nodes: lease state (late: a heartbeat missed, it may be dying), "
+        "heartbeat, lease left, active runs.",
+    )
     p.set_defaults(func=nodes)
 
     p = commands.add_parser(
-        "acl-rules", help="the Redis ACL rules of a user for these namespaces (and nothing else)"
+        "acl-rules",
+        help="the Redis ACL rules of a user for these namespaces (and nothing else)",
+        description="Print the rules of ACL SETUSER for a user confined to these namespaces.",
     )
-    p.add_argument("namespaces", nargs="+", metavar="NAMESPACE")
+    p.add_argument("namespaces", nargs="+", metavar="NAMESPACE", help="a namespace it may use")
     p.set_defaults(func=print_acl_rules)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if getattr(args, "json", False) and getattr(args, "watch", None) is not None:
+        _say("cancel-bus runs: --watch shows a table: give it without --json")
+        return Exit.USAGE
     try:
         code: int = args.func(args)
     except CliError as exc:
-        err.print(f"cancel-bus: {exc}", highlight=False, markup=False, soft_wrap=True)
-        return EXIT_ERROR
+        _say(f"cancel-bus: {exc}")
+        return exc.code
+    except KeyboardInterrupt:
+        return 130  # Ctrl-C before serving or between steps: quietly
     return code
 
 

@@ -7,15 +7,19 @@ same ``valkey-server``). It listens on loopback only.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
 class ServerError(RuntimeError):
@@ -37,6 +41,23 @@ def server_binary() -> str:
     return shutil.which("redis-server") or valkey_binary()
 
 
+def die_with_parent() -> Callable[[], None] | None:
+    """A ``preexec_fn`` for a child that must not outlive this process, even killed without a
+    word (SIGKILL): the kernel sends it SIGTERM when we die (Linux's PR_SET_PDEATHSIG; None
+    elsewhere)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    libc = ctypes.CDLL(None, use_errno=True)
+    parent = os.getpid()
+
+    def arm() -> None:
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != parent:  # we died before it was armed
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return arm
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
@@ -45,7 +66,8 @@ def free_port() -> int:
 
 
 class EmbeddedServer:
-    """One server process on 127.0.0.1. Without ``data_dir`` it keeps nothing on disk."""
+    """One server process on 127.0.0.1. Without ``data_dir`` it keeps nothing on disk; with
+    ``die_with_parent`` it stops when this process dies, however it dies."""
 
     def __init__(
         self,
@@ -54,8 +76,10 @@ class EmbeddedServer:
         data_dir: str | os.PathLike[str] | None = None,
         extra_args: Sequence[str] = (),
         binary: str | None = None,
+        die_with_parent: bool = False,
     ) -> None:
         self.port = port or free_port()
+        self.die_with_parent = die_with_parent
         self.binary = binary or server_binary()
         self._owned_dir = data_dir is None
         self.data_dir = Path(data_dir or tempfile.mkdtemp(prefix="cancel-bus-redis-"))
@@ -94,7 +118,11 @@ class EmbeddedServer:
     def start(self, timeout: float = 10.0) -> EmbeddedServer:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.process = subprocess.Popen(
-            self.args(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True
+            self.args(),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+            preexec_fn=die_with_parent() if self.die_with_parent else None,  # noqa: PLW1509
         )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

@@ -8,15 +8,15 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 
 from .api import Node, errors
-from .auth import authenticate
-from .schemas import Readiness
+from .auth import Credentials, authenticate
+from .schemas import Health, Readiness
 
 router = APIRouter(tags=["ops"])
 
 PROMETHEUS_TEXT = "text/plain; version=0.0.4"
 
 
-@router.get("/healthz")
+@router.get("/healthz", response_model=Health)
 async def healthz() -> dict[str, str]:
     """The process is alive (no Redis check: a Redis blip must not restart every pod)."""
     return {"status": "ok"}
@@ -51,12 +51,13 @@ async def readyz(node: Node) -> JSONResponse:
         200: {"content": {"text/plain": {"schema": {"type": "string"}}}},
         **errors(403),
     },
+    openapi_extra={"security": [{}]},  # with the bearer scheme: optional (see below)
 )
-async def metrics(request: Request, node: Node) -> Response:
+async def metrics(request: Request, node: Node, credentials: Credentials) -> Response:
     """Prometheus text format. Needs an ops token when tokens are configured, unless
     ``CANCEL_BUS_METRICS_REQUIRE_TOKEN=false``."""
     if request.app.state.metrics_need_token:
-        principal = await authenticate(request)
+        principal = await authenticate(request, credentials)
         if not principal.is_ops:
             return JSONResponse(status_code=403, content={"detail": "this needs an ops token"})
     return Response(node.metrics.render(), media_type=PROMETHEUS_TEXT)

@@ -1,17 +1,34 @@
-"""Prometheus metrics of one node: what its API answered, and the bus's own counters."""
+"""Prometheus metrics of one node: its process, its HTTP API, its runs and cancels, and the
+bus's own counters. Every series about a bus carries ``bus_namespace``; the process-wide ones
+(process, Python, HTTP, streams, tasks) do not. No ``_created`` series."""
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    GC_COLLECTOR,
+    PLATFORM_COLLECTOR,
+    PROCESS_COLLECTOR,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
+from starlette.routing import BaseRoute
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from cancel_bus import BusStats, CancelBus, CancelResult
+from cancel_bus import BusStats, CancelBus, CancelResult, RunInfo
+
+disable_created_metrics()  # type: ignore[no-untyped-call]  # a _created series is noise
 
 _LATENCY_BUCKETS = (
     0.0005,
@@ -115,24 +132,57 @@ class _BusCollector(Collector):
         yield from counters.values()
 
 
+_RUN_BUCKETS = (0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0)
+_HTTP_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+
+
 class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
+        for collector in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
+            self.registry.register(collector)
+        ns = ["bus_namespace"]
         self.cancels = Counter(
             "cancel_bus_cancels",
             "Cancels answered by this node's API, by outcome",
-            ["outcome"],
+            [*ns, "outcome"],
             registry=self.registry,
         )
         self.latency = Histogram(
             "cancel_bus_cancel_latency_seconds",
             "Time from the cancel request to each phase: delivered, observed, finished",
-            ["phase"],
+            [*ns, "phase"],
             buckets=_LATENCY_BUCKETS,
             registry=self.registry,
         )
         self.runs_started = Counter(
-            "cancel_bus_runs_started", "Runs started on this node", registry=self.registry
+            "cancel_bus_runs_started", "Runs started on this node", ns, registry=self.registry
+        )
+        self.runs_finished = Counter(
+            "cancel_bus_runs_finished",
+            "Runs of this node that ended, by status and end reason (as Redis recorded them)",
+            [*ns, "status", "end_reason"],
+            registry=self.registry,
+        )
+        self.run_duration = Histogram(
+            "cancel_bus_run_duration_seconds",
+            "Time from a run's start to its end, for the runs of this node, by status",
+            [*ns, "status"],
+            buckets=_RUN_BUCKETS,
+            registry=self.registry,
+        )
+        self.http_requests = Counter(
+            "cancel_bus_http_requests",
+            "HTTP requests answered, by method, route (its template) and status",
+            ["method", "route", "status"],
+            registry=self.registry,
+        )
+        self.http_duration = Histogram(
+            "cancel_bus_http_request_duration_seconds",
+            "Time to answer an HTTP request (a stream: until it ends), by method and route",
+            ["method", "route"],
+            buckets=_HTTP_BUCKETS,
+            registry=self.registry,
         )
         self.open_streams = Gauge(
             "cancel_bus_open_streams",
@@ -151,8 +201,8 @@ class Metrics:
         loop = asyncio.get_running_loop()
         self.tasks.set_function(lambda: len(asyncio.all_tasks(loop)))
 
-    def observe_cancel(self, result: CancelResult) -> None:
-        self.cancels.labels(result.outcome.value).inc()
+    def observe_cancel(self, namespace: str, result: CancelResult) -> None:
+        self.cancels.labels(namespace, result.outcome.value).inc()
         run = result.run
         if run is None or run.cancel_requested_at is None or run.is_active:
             return
@@ -162,7 +212,51 @@ class Metrics:
             ("finished", run.finished_at),
         ):
             if at is not None:
-                self.latency.labels(phase).observe(max(0.0, at - run.cancel_requested_at))
+                self.latency.labels(namespace, phase).observe(
+                    max(0.0, at - run.cancel_requested_at)
+                )
+
+    def observe_finished(self, namespace: str, run: RunInfo) -> None:
+        """A run of this node ended (``run``: its final record)."""
+        self.runs_finished.labels(namespace, run.status.value, run.end_reason or "").inc()
+        if run.finished_at is not None:
+            began = run.started_at if run.started_at is not None else run.created_at
+            self.run_duration.labels(namespace, run.status.value).observe(
+                max(0.0, run.finished_at - began)
+            )
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class HttpMetrics:
+    """ASGI middleware: counts each request by method, route template and status, and times
+    it. A path no route matches is counted as route ``unmatched`` (no label per stray URL)."""
+
+    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        status = 500  # if the app fails before it answers
+        started = time.perf_counter()
+
+        async def counting_send(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, counting_send)
+        finally:
+            route: BaseRoute | None = scope.get("route")
+            template = getattr(route, "path", None) or "unmatched"
+            method = scope["method"]
+            self.metrics.http_requests.labels(method, template, str(status)).inc()
+            self.metrics.http_duration.labels(method, template).observe(
+                time.perf_counter() - started
+            )

@@ -3,6 +3,8 @@ non-finite numbers (JSON's NaN/Infinity literals, or 1e400 which parses as infin
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field
 
 from cancel_bus import ID_PATTERN, CancelMode, NodeInfo, Outcome, RunEvent, RunInfo
@@ -57,14 +59,45 @@ class CancelAnswer(BaseModel):
 
 class RunList(BaseModel):
     runs: list[RunInfo]
+    more: bool = Field(description="more runs match beyond this page (see offset)")
+    at: float = Field(description="now, on the Redis server clock the timestamps use")
+
+
+class NodeView(NodeInfo):
+    """A node and the state of its lease, read on the server clock: ``late`` when its last
+    heartbeat is older than half a lease (one was missed: it may be dying), ``expired`` once
+    its lease ran out (its runs are about to be resolved ``owner_lost``)."""
+
+    state: Literal["alive", "late", "expired"]
+    heartbeat_age: float = Field(description="seconds since its last heartbeat")
+    lease_left: float = Field(description="seconds until its lease expires without a heartbeat")
+
+    @classmethod
+    def of(cls, node: NodeInfo, now: float) -> NodeView:
+        lease = max(node.lease_expires_at - node.last_heartbeat, 0.0)
+        heartbeat_age = max(now - node.last_heartbeat, 0.0)
+        lease_left = node.lease_expires_at - now
+        state: Literal["alive", "late", "expired"] = "alive"
+        if node.expired or lease_left <= 0:
+            state = "expired"
+        elif heartbeat_age > lease / 2:
+            state = "late"
+        return cls(
+            **node.model_dump(),
+            state=state,
+            heartbeat_age=heartbeat_age,
+            lease_left=max(lease_left, 0.0),
+        )
 
 
 class NodeList(BaseModel):
-    nodes: list[NodeInfo]
+    nodes: list[NodeView]
+    at: float = Field(description="now, on the Redis server clock the timestamps use")
 
 
 class EventList(BaseModel):
     events: list[RunEvent]
+    at: float = Field(description="now, on the Redis server clock the timestamps use")
 
 
 class Problem(BaseModel):
@@ -83,6 +116,10 @@ class ValidationProblem(Problem):
     """A 422: ``detail`` in one line, ``errors`` field by field; the input is not echoed."""
 
     errors: list[FieldError]
+
+
+class Health(BaseModel):
+    status: Literal["ok"]
 
 
 class Readiness(BaseModel):

@@ -7,11 +7,16 @@ import contextlib
 import fcntl
 import heapq
 import itertools
+import json
 import logging
+import os
+import time
+from pathlib import Path
 from typing import IO
 
 from cancel_bus import (
     CancelBus,
+    CancelBusError,
     CancelResult,
     RunCancelled,
     RunExists,
@@ -24,10 +29,15 @@ from cancel_bus import (
 from .agent import record_cancellation, run_agent
 from .embedded import EmbeddedServer, valkey_binary
 from .metrics import Metrics
-from .schemas import CancelBody, StartRun
+from .queries import FINISHED, WINDOW, RunQuery, recency
+from .schemas import CancelBody, NodeView, StartRun
 from .settings import Settings
 
 log = logging.getLogger("cancel_bus.node")
+
+
+class DataDirBusy(RuntimeError):
+    """Another node runs the embedded server of this data dir."""
 
 
 class NodeService:
@@ -41,7 +51,9 @@ class NodeService:
         self._embedded_lock: IO[str] | None = None
         self._buses: dict[str, CancelBus] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        self._runs: set[asyncio.Task[None]] = set()  # the agents this node runs
         self.drain_started = asyncio.Event()  # ends the node's open streams
+        self._stop_now = asyncio.Event()  # cuts the drain short
 
     @property
     def bus(self) -> CancelBus:
@@ -80,26 +92,55 @@ class NodeService:
         return self.drain_started.is_set()
 
     async def drain(self) -> None:
-        """Readiness fails, runs get ``drain_timeout`` to end, the rest are cancelled
-        (``node_shutdown``) and recorded, open streams end; then the node leaves the cluster."""
+        """Readiness fails, runs get ``drain_timeout`` to end (or until :meth:`stop_now`), the
+        rest are cancelled (``node_shutdown``) and recorded, open streams end; then the node
+        leaves the cluster."""
         if self.draining:
             return
         self.drain_started.set()
-        log.info("draining: %d run(s) active", sum(len(b.local_runs()) for b in self.buses))
-        await asyncio.gather(
-            *(b.close(drain_timeout=self.settings.drain_timeout) for b in self.buses)
-        )
+        runs = list(self._runs)
+        timeout = self.settings.drain_timeout
+        if runs and timeout > 0:
+            until = time.strftime("%H:%M:%S", time.localtime(time.time() + timeout))
+            log.warning(
+                "draining: %d run(s) active; they have %g s (until %s) to finish, then they are "
+                "cancelled (node_shutdown). Ctrl-C again (or another SIGTERM) cancels them now.",
+                len(runs),
+                timeout,
+                until,
+            )
+            await self._wait_runs(runs, timeout)
+        left = sum(len(bus.local_runs()) for bus in self.buses)
+        if left:
+            why = "stopping now" if self._stop_now.is_set() else "drain timeout"
+            log.warning("%s: cancelling %d run(s) (node_shutdown)", why, left)
+        elif runs:
+            log.info("drained: every run finished")
+        await asyncio.gather(*(bus.close() for bus in self.buses))
+
+    def stop_now(self) -> None:
+        """End the drain's wait: the runs still going are cancelled at once."""
+        self._stop_now.set()
+
+    async def _wait_runs(self, runs: list[asyncio.Task[None]], timeout: float) -> None:
+        ended = asyncio.ensure_future(asyncio.wait(runs))
+        stop = asyncio.ensure_future(self._stop_now.wait())
+        await asyncio.wait({ended, stop}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        for waiter in (ended, stop):  # cancels the waits, not the runs
+            waiter.cancel()
+        await asyncio.gather(ended, stop, return_exceptions=True)
 
     async def stop(self) -> None:
         await self.drain()
-        for task in list(self._tasks):
+        for task in list(self._tasks | self._runs):
             task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.gather(*self._tasks, *self._runs, return_exceptions=True)
         if self.embedded is not None:
             self.embedded.stop()
             self.embedded = None
         if self._embedded_lock is not None:
             self._embedded_lock.close()
+            self._embedded_lock = None
 
     async def find_run(self, run_id: str) -> tuple[CancelBus, RunInfo] | None:
         """The run and the bus of its namespace (a run id is looked up in every one)."""
@@ -109,21 +150,44 @@ class NodeService:
                 return bus, run
         return None
 
-    async def list_runs(
-        self,
-        status: str,
-        node_id: str | None,
-        app_name: str | None,
-        user_id: str | None,
-        limit: int,
-    ) -> list[RunInfo]:
-        """Newest first, across the namespaces (only the app's, given an app)."""
-        buses = [self.bus_for_app(app_name)] if app_name is not None else self.buses
-        lists = await asyncio.gather(
-            *(bus.list_runs(status, node_id, app_name, user_id, limit) for bus in buses)
+    async def query_runs(self, query: RunQuery) -> tuple[list[RunInfo], bool]:
+        """One page of the runs ``query`` asks for, most recent first, and whether more follow.
+        Filters the library takes are passed to it; the others are applied here, over a window
+        of the most recent runs that grows until the page is full (at most :data:`WINDOW`)."""
+        wanted = query.offset + query.limit + 1  # one more tells whether there is more
+        fetch = min(max(wanted, 100) if query.narrows else wanted, WINDOW)
+        now = self.bus.clock()
+        while True:
+            runs = await self._list(query, fetch)
+            matched = [run for run in runs if query.matches(run, now)]
+            if len(matched) >= wanted or len(runs) < fetch or fetch == WINDOW:
+                break
+            fetch = min(fetch * 4, WINDOW)
+        page = matched[query.offset : query.offset + query.limit]
+        return page, len(matched) > query.offset + query.limit
+
+    async def _list(self, query: RunQuery, limit: int) -> list[RunInfo]:
+        """The most recent ``limit`` runs that match the library's filters, across the
+        namespaces (only the app's, given an app); ``finished`` is its three statuses."""
+        statuses: list[str] = (
+            [status.value for status in FINISHED] if query.status == "finished" else [query.status]
         )
-        runs = heapq.merge(*lists, key=lambda run: run.created_at, reverse=True)
+        buses = [self.bus_for_app(query.app_name)] if query.app_name is not None else self.buses
+        lists = await asyncio.gather(
+            *(
+                bus.list_runs(status, query.node_id, query.app_name, query.user_id, limit)
+                for bus in buses
+                for status in statuses
+            )
+        )
+        runs = heapq.merge(*lists, key=recency, reverse=True)
         return list(itertools.islice(runs, limit))
+
+    async def list_nodes(self) -> list[NodeView]:
+        """The live nodes in a stable order (by id), with the state of their lease."""
+        now = self.bus.clock()
+        nodes = await self.bus.list_nodes()
+        return sorted((NodeView.of(node, now) for node in nodes), key=lambda n: n.node_id)
 
     async def start_run(self, body: StartRun) -> RunInfo:
         """Register the run here and start the agent; returns once it is recorded running.
@@ -132,10 +196,9 @@ class NodeService:
             await self._check_claimable(body.run_id, (body.app_name, body.user_id, body.session_id))
         registered: asyncio.Future[RunHandle] = asyncio.get_running_loop().create_future()
         task = asyncio.create_task(self._execute(body, registered))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._runs.add(task)
+        task.add_done_callback(self._runs.discard)
         handle = await registered
-        self.metrics.runs_started.inc()
         return handle.info  # as its start recorded it: no second round trip
 
     async def _check_claimable(self, run_id: str, session: tuple[str, str, str]) -> None:
@@ -165,13 +228,14 @@ class NodeService:
             wait=body.wait,
             timeout=body.timeout,
         )
-        self.metrics.observe_cancel(result)
+        self.metrics.observe_cancel(bus.keys.namespace, result)
         return result
 
     async def cancel_session(
         self, session: tuple[str, str, str], body: CancelBody, requested_by: str
     ) -> CancelResult:
-        result = await self.bus_for_app(session[0]).cancel_session(
+        bus = self.bus_for_app(session[0])
+        result = await bus.cancel_session(
             *session,
             mode=body.mode,
             reason=body.reason,
@@ -179,7 +243,7 @@ class NodeService:
             wait=body.wait,
             timeout=body.timeout,
         )
-        self.metrics.observe_cancel(result)
+        self.metrics.observe_cancel(bus.keys.namespace, result)
         return result
 
     def cancel_soon(self, bus: CancelBus, run_id: str, reason: str) -> None:
@@ -201,8 +265,10 @@ class NodeService:
         task.add_done_callback(self._tasks.discard)
 
     async def _execute(self, body: StartRun, registered: asyncio.Future[RunHandle]) -> None:
+        bus = self.bus_for_app(body.app_name)
+        handle: RunHandle | None = None
         try:
-            async with self.bus_for_app(body.app_name).run(
+            async with bus.run(
                 body.run_id,
                 app_name=body.app_name,
                 user_id=body.user_id,
@@ -210,7 +276,9 @@ class NodeService:
                 metadata={"agent": body.agent.model_dump()},
                 relay=True,
             ) as run:
+                handle = run
                 registered.set_result(run)
+                self.metrics.runs_started.labels(bus.keys.namespace).inc()
                 try:
                     await run_agent(run, body.agent)
                 except (RunCancelled, asyncio.CancelledError):
@@ -224,26 +292,73 @@ class NodeService:
                 log.warning("run failed: %s: %s", type(exc).__name__, exc)
             else:
                 registered.set_exception(exc)
+        if handle is not None:
+            await self._observe_end(bus, handle.run_id)
 
-    def _start_embedded(self) -> str:
-        """No Redis URL: run a real server (valkey from PyPI or a local redis-server) whose data
-        lives in the user's state dir; one node per data dir."""
-        data_dir = self.settings.state_dir() / "redis"
+    async def _observe_end(self, bus: CancelBus, run_id: str) -> None:
+        """Count the run's end as Redis recorded it (status, end reason, duration)."""
+        with contextlib.suppress(CancelBusError):
+            final = await bus.get_run(run_id)
+            if final is not None and not final.is_active:
+                self.metrics.observe_finished(bus.keys.namespace, final)
+
+    def claim_data_dir(self) -> None:
+        """Take the embedded server's data dir (one node per data dir): raises
+        :class:`DataDirBusy` naming the node that has it and the URL to join it with."""
+        if self._embedded_lock is not None:
+            return
+        data_dir = self._data_dir()
         data_dir.mkdir(parents=True, exist_ok=True)
-        lock = (data_dir / "lock").open("w")
+        lock = (data_dir / "lock").open("a+")
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
+            lock.seek(0)
+            text = lock.read()
             lock.close()
-            raise RuntimeError(
-                f"another node runs an embedded server in {data_dir}; give this one "
-                "CANCEL_BUS_REDIS_URL (to share it) or its own CANCEL_BUS_DATA_DIR"
-            ) from None
+            raise DataDirBusy(_busy_message(data_dir, text)) from None
         self._embedded_lock = lock
+
+    def _data_dir(self) -> Path:
+        return self.settings.state_dir() / "redis"
+
+    def _start_embedded(self) -> str:
+        """No Redis URL: run a real server (valkey from PyPI or a local redis-server) whose data
+        lives in the user's state dir; one node per data dir. The lock file says who runs it."""
+        self.claim_data_dir()
+        assert self._embedded_lock is not None
+        data_dir = self._data_dir()
         self.embedded = EmbeddedServer(data_dir=data_dir, binary=valkey_binary()).start()
+        host = f"[{self.settings.host}]" if ":" in self.settings.host else self.settings.host
+        holder = {
+            "pid": os.getpid(),
+            "redis_url": self.embedded.url,
+            "dashboard": f"http://{host}:{self.settings.port}/",
+        }
+        self._embedded_lock.truncate(0)
+        self._embedded_lock.write(json.dumps(holder))
+        self._embedded_lock.flush()
         log.warning(
             "no CANCEL_BUS_REDIS_URL: started an embedded server at %s (data in %s)",
             self.embedded.url,
             data_dir,
         )
         return self.embedded.url
+
+
+def _busy_message(data_dir: Path, lock_text: str) -> str:
+    """Who holds the data dir (as its lock file says) and how to join it."""
+    try:
+        holder = json.loads(lock_text)
+        who = f"node (pid {holder['pid']}, dashboard {holder['dashboard']})"
+        url = holder["redis_url"]
+    except (ValueError, KeyError, TypeError):  # it is still starting
+        return (
+            f"another node is starting an embedded server in {data_dir}; give this one "
+            "CANCEL_BUS_REDIS_URL (its server's URL) or its own CANCEL_BUS_DATA_DIR"
+        )
+    return (
+        f"another {who} runs the embedded server of {data_dir}: to join its cluster, start "
+        f"this one with CANCEL_BUS_REDIS_URL={url} and another --port (or give it its own "
+        "CANCEL_BUS_DATA_DIR)"
+    )

@@ -85,6 +85,7 @@ class Settings(BaseSettings):
     data_dir: Path | None = None
     max_body_bytes: int = Field(default=64 * 1024, ge=1024, le=16 * 1024 * 1024)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    access_log: bool = Field(default=True, description="log every HTTP request (uvicorn's)")
 
     @model_validator(mode="after")
     def _self_fence_outlasts_the_lease(self) -> Settings:

@@ -290,8 +290,9 @@ def test_health_readiness_metrics(cluster: Cluster) -> None:
     with node.client() as client:
         assert client.post(f"/v1/runs/{run['run_id']}/cancel").status_code == 200
     text = _get(node, "/metrics").text
-    assert 'cancel_bus_cancels_total{outcome="cancelled"}' in text
-    assert 'cancel_bus_cancel_latency_seconds_count{phase="observed"} ' in text
+    namespace = f'bus_namespace="{cluster.namespace}"'
+    assert f'cancel_bus_cancels_total{{{namespace},outcome="cancelled"}}' in text
+    assert f'cancel_bus_cancel_latency_seconds_count{{{namespace},phase="observed"}} ' in text
     for name in (
         "cancel_bus_active_runs",
         "cancel_bus_cancels_total",

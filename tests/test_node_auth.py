@@ -40,6 +40,9 @@ OPEN_ROUTES = {
     "/healthz",
     "/readyz",
     "/",
+    "/dashboard.js",
+    "/dashboard.css",
+    "/favicon.svg",
     "/docs",
     "/docs/oauth2-redirect",
     "/redoc",
@@ -150,7 +153,8 @@ def test_users_see_and_cancel_only_their_own_runs(secured: Cluster) -> None:
         listed = _call(secured, BOB, "GET", f"/v1/runs?{query}", node=1).json()["runs"]
         assert {r["user_id"] for r in listed} <= {"bob"}, query
     bob_feed = _first_snapshot(secured, BOB)
-    assert {r["user_id"] for r in bob_feed["runs"]} <= {"bob"} and bob_feed["nodes"] == []
+    assert {r["user_id"] for r in bob_feed["runs"]} <= {"bob"} and bob_feed["nodes"] is None
+    assert bob_feed["viewer"] == {"role": "user", "user_id": "bob"}
     assert run_id in {r["run_id"] for r in _first_snapshot(secured, OPS)["runs"]}
     assert _call(secured, BOB, "GET", "/v1/nodes").status_code == 403
     assert _call(secured, ALICE, "GET", "/metrics").status_code == 403

@@ -67,6 +67,7 @@ def test_no_redis_url_starts_an_embedded_server(tmp_path: Path) -> None:
     }
     node = NodeProcess("solo", env, tmp_path).start().wait_ready()
     second = NodeProcess("second", env, tmp_path).start()
+    joined = NodeProcess("joined", env, tmp_path)
     try:
         run = _start(node, tokens=100_000, token_interval_ms=5)
         with node.client() as client:
@@ -75,12 +76,23 @@ def test_no_redis_url_starts_an_embedded_server(tmp_path: Path) -> None:
         log = node.log_path.read_text()
         assert "embedded server" in log and str(tmp_path / "state") in log
         assert "valkey" in (tmp_path / "state" / "redis" / "server.log").read_text().lower()
-        assert second.wait_exit(30) != 0  # the same data dir cannot serve two nodes
-        assert "another node runs an embedded server" in second.log_path.read_text()
         redis_port = int(log.split("embedded server at redis://127.0.0.1:")[1].split("/")[0])
+        # the same data dir cannot serve two nodes: one line says which node has it and how
+        # to join it, and nothing else is started
+        assert second.wait_exit(30) == 1
+        said = second.log_path.read_text()
+        assert said.count("\n") == 1 and "Traceback" not in said, said
+        assert f"dashboard http://127.0.0.1:{node.port}/" in said
+        url = f"redis://127.0.0.1:{redis_port}/0"
+        assert f"CANCEL_BUS_REDIS_URL={url}" in said
+        joined.env["CANCEL_BUS_REDIS_URL"] = url
+        joined.start().wait_ready()
+        with node.client() as client:
+            nodes = client.get("/v1/nodes").json()["nodes"]
+        assert [n["node_id"] for n in nodes] == ["joined", "solo"]
     finally:
-        node.stop()
-        second.stop()
+        for process in (second, joined, node):
+            process.stop()
     with socket.socket() as sock:  # the embedded server went away with its node
         assert sock.connect_ex(("127.0.0.1", redis_port)) != 0
     assert (tmp_path / "state" / "redis" / "dump.rdb").exists()
@@ -128,5 +140,6 @@ def test_a_drain_ends_the_streams_of_runs_owned_elsewhere(
         assert time.monotonic() - t0 < 10  # not held by the stream
         with owner.client() as client:
             assert client.get(f"/v1/runs/{run['run_id']}").json()["status"] == "running"
+            client.post(f"/v1/runs/{run['run_id']}/cancel")  # not to hold the owner's drain
     finally:
         cluster.stop()

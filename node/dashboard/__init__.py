@@ -1,24 +1,38 @@
-"""The ops dashboard: one static page (no build step, no CDN) and the SSE feed it reads."""
+"""The ops dashboard: static files (plain HTML, CSS and JS, no build step, no CDN) and the SSE
+feed they read: the runs a filter asks for and, for ops, the nodes, once a second."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Annotated
 
-from fastapi import APIRouter
-from fastapi.responses import HTMLResponse
+from fastapi import APIRouter, Query
+from fastapi.responses import FileResponse, HTMLResponse
 from sse_starlette import ServerSentEvent
 
 from cancel_bus import BusUnavailable
 
 from .. import sse
-from ..api import Node, errors
+from ..api import Node, check_window, errors, runs_for
 from ..auth import CurrentPrincipal, Principal
+from ..queries import RunQuery
 from ..service import NodeService
 
-PAGE = Path(__file__).with_name("index.html")
+HERE = Path(__file__).parent
 FEED_INTERVAL = 1.0
+FAVICON_URL = "/favicon.svg"
+# The page loads only its own files; its data comes from the API with the token it is given.
+POLICY = (
+    "default-src 'self'; img-src 'self' data:; style-src 'self'; script-src 'self'; "
+    "connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'none'"
+)
+ASSETS = {
+    "/dashboard.js": ("app.js", "text/javascript"),
+    "/dashboard.css": ("app.css", "text/css"),
+    FAVICON_URL: ("favicon.svg", "image/svg+xml"),
+}
 
 router = APIRouter(tags=["dashboard"])
 
@@ -26,33 +40,53 @@ router = APIRouter(tags=["dashboard"])
 @router.get("/", response_class=HTMLResponse, include_in_schema=False)
 async def dashboard() -> HTMLResponse:
     """The page itself holds no data: it asks the feed, with the token the user gives it."""
-    return HTMLResponse(PAGE.read_text(), headers={"Cache-Control": "no-cache"})
+    headers = {"Cache-Control": "no-cache", "Content-Security-Policy": POLICY}
+    return HTMLResponse((HERE / "index.html").read_text(), headers=headers)
+
+
+def _asset_route(path: str, name: str, media_type: str) -> None:
+    async def asset() -> FileResponse:
+        headers = {"Cache-Control": "no-cache"}
+        return FileResponse(HERE / name, media_type=media_type, headers=headers)
+
+    router.add_api_route(path, asset, include_in_schema=False, name=name)
+
+
+for _path, (_name, _type) in ASSETS.items():
+    _asset_route(_path, _name, _type)
 
 
 @router.get(
     "/v1/dashboard/feed",
     response_class=sse.EventStream,
     status_code=200,
-    responses={**errors(), **sse.SSE_OK},
+    responses={**errors(422), **sse.SSE_OK},
 )
-async def feed(node: Node, principal: CurrentPrincipal) -> sse.EventStream:
-    """A snapshot of active runs (and, for ops, nodes) every second, as server-sent events."""
-    return sse.EventStream(_snapshots(node, principal), node.metrics.open_streams)
+async def feed(
+    query: Annotated[RunQuery, Query()], node: Node, principal: CurrentPrincipal
+) -> sse.EventStream:
+    """Once a second, a ``snapshot``: the page of runs ``query`` asks for (as ``GET /v1/runs``,
+    without their output) and, for an ops token, the nodes; ``unavailable`` while Redis is."""
+    check_window(query)
+    return sse.EventStream(_snapshots(node, principal, query), node.metrics.open_streams)
 
 
-async def _snapshots(node: NodeService, principal: Principal) -> AsyncIterator[ServerSentEvent]:
-    user = None if principal.is_ops else principal.user_id
+async def _snapshots(
+    node: NodeService, principal: Principal, query: RunQuery
+) -> AsyncIterator[ServerSentEvent]:
     while not node.draining:
         try:
-            runs = await node.list_runs("active", None, None, user, 500)
-            nodes = await node.bus.list_nodes() if principal.is_ops else []
+            runs = await runs_for(node, principal, query)
+            nodes = await node.list_nodes() if principal.is_ops else None
             yield sse.event(
                 "snapshot",
                 {
                     "node_id": node.bus.node_id,
-                    "at": node.bus.clock(),
-                    "runs": [run.model_dump(mode="json", exclude={"output"}) for run in runs],
-                    "nodes": [n.model_dump(mode="json") for n in nodes],
+                    "at": runs.at,
+                    "viewer": {"role": principal.role, "user_id": principal.user_id},
+                    "runs": [run.model_dump(mode="json", exclude={"output"}) for run in runs.runs],
+                    "more": runs.more,
+                    "nodes": None if nodes is None else [n.model_dump(mode="json") for n in nodes],
                 },
             )
         except BusUnavailable as exc:
