@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
+import math
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -23,13 +24,18 @@ from typing import Any, Protocol
 import httpx
 from redis.asyncio import Redis
 
+from cancel_bus._scripts import ALL_SCRIPTS
 from node.embedded import EmbeddedServer, free_port
 from tests.topology import Cluster
 
-from ._harness import Worker, orphan_guard
+from ._harness import Worker, machine_cpu_seconds, orphan_guard, process_cpu_seconds
 from ._report import Report
 
 REPO = Path(__file__).resolve().parent.parent
+SCRIPT_NAMES = {
+    hashlib.sha1(text.encode()).hexdigest(): name  # Redis names a script by its SHA-1
+    for name, text in ALL_SCRIPTS.items()
+}
 CANCEL_TIMEOUT = 5.0  # the cancel's own timeout (an unconfirmed cancel answers "stopping")
 SAMPLE_TIMEOUT = 15.0
 PROFILER_EXIT = 30.0
@@ -45,12 +51,16 @@ class Profile:
     scaling_n: int
     node_counts: tuple[int, ...]
     run_counts: tuple[int, ...]
-    lifecycle_seconds: float
+    lifecycle_seconds: float  # the cluster section's lifecycle loops
+    rate_rounds: int  # throughput: rounds of (PINGs/s, lifecycles/s) in the same node process
+    rate_seconds: float  # ... each loop's length
     cancel_rates: tuple[int, ...]
     cancel_step_seconds: float
     hot_calls: int
     hot_repeats: int
     peers_n: int
+    round_trip_repeats: int  # isolated operations per path whose Redis commands are counted
+    profile_seconds: float  # --profile: how long py-spy samples each profiled workload
 
 
 PROFILES = {
@@ -62,11 +72,15 @@ PROFILES = {
         node_counts=(1, 2, 4, 8),
         run_counts=(100, 10_000, 100_000),
         lifecycle_seconds=5.0,
-        cancel_rates=(250, 500, 750, 1000, 1500, 2000, 3000, 4000),
+        rate_rounds=3,
+        rate_seconds=2.0,
+        cancel_rates=(250, 500, 750, 1000, 1500, 2000, 2500, 3000, 4000),
         cancel_step_seconds=3.0,
         hot_calls=200_000,
         hot_repeats=200,
         peers_n=200,
+        round_trip_repeats=5,
+        profile_seconds=10.0,
     ),
     "quick": Profile(
         name="quick",
@@ -76,32 +90,62 @@ PROFILES = {
         node_counts=(1, 2),
         run_counts=(100, 2_000),
         lifecycle_seconds=1.0,
+        rate_rounds=1,
+        rate_seconds=1.0,
         cancel_rates=(250, 500),
         cancel_step_seconds=1.0,
         hot_calls=50_000,
         hot_repeats=20,
         peers_n=10,
+        round_trip_repeats=3,
+        profile_seconds=3.0,
     ),
 }
 
 
 @dataclass
 class Bench:
-    """What every benchmark gets: the sizes, the report, where processes write their logs."""
+    """What every benchmark gets: the sizes, the report, where processes write their logs.
+    ``py_spy``: the profiler's binary when ``--profile`` was given; ``profile_all``: sample every
+    node process of every benchmark with it (``--profile-all``)."""
 
     profile: Profile
     report: Report
     log_dir: Path
-    profiling: bool = False
+    py_spy: Path | None = None
+    profile_all: bool = False
+    artifacts: Path | None = None  # where --profile's profiles are kept
 
     def scope(self) -> Scope:
-        return Scope(self.log_dir, self.profiling)
+        return Scope(self.log_dir, self.py_spy if self.profile_all else None)
 
     @contextlib.asynccontextmanager
     async def stage(self, name: str) -> AsyncIterator[tuple[Scope, EmbeddedServer]]:
-        """A scope with a Redis server of its own, its duration printed."""
-        async with self.scope() as scope, timed_phase(name):
+        """A scope with a Redis server of its own, its duration printed; the load average and
+        how busy the whole machine was meanwhile go to the run's metadata (the machine is
+        shared: other work shows there)."""
+        busy, total = machine_cpu_seconds()
+        load = os.getloadavg()
+        async with self.scope() as scope, timed_phase(name) as elapsed:
             yield scope, await scope.redis()
+        busy_after, total_after = machine_cpu_seconds()
+        stages: list[dict[str, Any]] = self.report.meta.setdefault("stages", [])
+        cpus = os.cpu_count() or 1
+        stages.append(
+            {
+                "stage": name,
+                "seconds": round(elapsed(), 1),
+                "load_at_start": [round(x, 2) for x in load],
+                "machine_busy_cores": round(
+                    cpus * (busy_after - busy) / max(total_after - total, 1e-9), 2
+                ),
+            }
+        )
+
+
+def script_name(sha: str) -> str:
+    """The library script a SHA-1 names (``EVALSHA <sha>``), else the SHA's start."""
+    return SCRIPT_NAMES.get(sha, f"EVALSHA {sha[:8]}")
 
 
 def new_namespace() -> str:
@@ -196,6 +240,7 @@ class ServiceProcess(ChildProcess):
             CANCEL_BUS_NODE_ID=name,
             CANCEL_BUS_PORT=str(self.port),
             CANCEL_BUS_LOG_LEVEL="warning",
+            CANCEL_BUS_ACCESS_LOG="false",  # as the bare app (the HTTP floor); ignored if unknown
             CANCEL_BUS_DRAIN_TIMEOUT="2",
         )
         super().__init__(name, [sys.executable, "-m", "node.cli", "serve"], log_dir, env)
@@ -212,13 +257,35 @@ class ServiceProcess(ChildProcess):
                 await asyncio.sleep(0.05)
 
 
-class Scope:
-    """The servers and processes of one benchmark (or one configuration of it). With
-    ``profiling``, py-spy samples every node process; its flame graphs land in the log dir."""
+class BareApp(ChildProcess):
+    """The HTTP floor: a FastAPI app with ``GET /healthz`` alone, served by uvicorn with the
+    node's options (``python -m benchmarks._bare_app``), on a free port."""
 
-    def __init__(self, log_dir: Path, profiling: bool = False) -> None:
+    def __init__(self, name: str, log_dir: Path) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        argv = [sys.executable, "-m", "benchmarks._bare_app", "--port", str(self.port)]
+        super().__init__(name, argv, log_dir)
+
+    async def wait_ready(self, timeout: float = 30.0) -> BareApp:
+        async with httpx.AsyncClient(timeout=1.0) as client, asyncio.timeout(timeout):
+            while True:
+                if self.exited:
+                    raise RuntimeError(f"{self.name} exited: {self.log_tail()}")
+                with contextlib.suppress(httpx.HTTPError):
+                    if (await client.get(f"{self.url}/healthz")).status_code == 200:
+                        return self
+                await asyncio.sleep(0.05)
+
+
+class Scope:
+    """The servers and processes of one benchmark (or one configuration of it). With a
+    ``py_spy`` binary (``--profile-all``), py-spy samples every node process of the scope, from
+    its start to its end; the profiles land in the log dir."""
+
+    def __init__(self, log_dir: Path, py_spy: Path | None = None) -> None:
         self.log_dir = log_dir
-        self.profiling = profiling
+        self.py_spy = py_spy
         self._stack = contextlib.AsyncExitStack()
         self._profilers: list[ChildProcess] = []
 
@@ -235,12 +302,12 @@ class Scope:
                 await profiler.stop()
 
     async def _profile(self, name: str, pid: int) -> None:
-        if not self.profiling:
+        if self.py_spy is None:
             return
-        spy = shutil.which("py-spy", path=str(Path(sys.executable).parent)) or "py-spy"
         out = self.log_dir / f"{name}.speedscope.json"
-        argv = [spy, "record", "--nonblocking", "--format", "speedscope", "--output", str(out)]
-        profiler = ChildProcess(f"{name}.py-spy", [*argv, "--pid", str(pid)], self.log_dir)
+        argv = [str(self.py_spy), "record", "--nonblocking", "--format", "speedscope"]
+        argv += ["--output", str(out), "--pid", str(pid)]
+        profiler = ChildProcess(f"{name}.py-spy", argv, self.log_dir)
         self._profilers.append(await profiler.start())
 
     async def redis(self) -> EmbeddedServer:
@@ -267,19 +334,40 @@ class Scope:
         self._stack.push_async_callback(worker.stop)
         return await worker.start()
 
-    async def node(self, server: Server, namespace: str | Sequence[str], name: str) -> Worker:
+    async def node(
+        self,
+        server: Server,
+        namespace: str | Sequence[str],
+        name: str,
+        options: dict[str, Any] | None = None,
+    ) -> Worker:
         """A worker process holding a started :class:`CancelBus` for the namespace (one node of
-        the cluster), or one for each of several namespaces, the first its default."""
+        the cluster), or one for each of several namespaces, the first its default.
+        ``options``: more arguments of the bus (``sweep_interval``)."""
         worker = await self.worker(name)
         for each in [namespace] if isinstance(namespace, str) else namespace:
-            await worker.call("bus_start", url=server.url, namespace=each, node_id=name)
+            await worker.call(
+                "bus_start", url=server.url, namespace=each, node_id=name, options=options
+            )
         await self._profile(name, worker.pid)
         return worker
 
     async def nodes(
-        self, server: Server, namespace: str | Sequence[str], names: list[str]
+        self,
+        server: Server,
+        namespace: str | Sequence[str],
+        names: list[str],
+        options: dict[str, Any] | None = None,
     ) -> list[Worker]:
-        return list(await asyncio.gather(*(self.node(server, namespace, n) for n in names)))
+        return list(
+            await asyncio.gather(*(self.node(server, namespace, n, options) for n in names))
+        )
+
+    async def bare_app(self, name: str) -> BareApp:
+        app = BareApp(name, self.log_dir)
+        self._stack.push_async_callback(app.stop)
+        await app.start()
+        return await app.wait_ready()
 
     async def service(self, server: EmbeddedServer, namespace: str, name: str) -> ServiceProcess:
         service = ServiceProcess(name, server.url, namespace, self.log_dir)
@@ -371,6 +459,48 @@ async def paired_rounds(
     return rounds
 
 
+class CpuMeter:
+    """CPU used meanwhile (``async with meter:``), in % of one core: by each named process
+    (``/proc``), by each named Redis server (``INFO cpu``) and by the whole machine (every
+    core, everybody's work: the machine is shared). What bounds a rate shows here: a process at
+    ~100 % is bound by its own (GIL-holding) thread; a machine at ~100 % of every core, by the
+    machine."""
+
+    def __init__(self, processes: dict[str, int], servers: dict[str, Redis] | None = None) -> None:
+        self.processes = processes
+        self.servers = servers or {}
+        self.shares: dict[str, float] = {}
+        self.used: dict[str, float] = {}  # CPU seconds each used meanwhile
+        self.elapsed = 0.0
+        self._start: dict[str, float] = {}
+        self._started = 0.0
+
+    async def _snapshot(self) -> dict[str, float]:
+        seconds = {name: process_cpu_seconds(pid) for name, pid in self.processes.items()}
+        for name, server in self.servers.items():
+            info = await server.info("cpu")
+            seconds[name] = float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+        seconds["machine"] = machine_cpu_seconds()[0]
+        return seconds
+
+    async def __aenter__(self) -> CpuMeter:
+        self._start = await self._snapshot()
+        self._started = asyncio.get_running_loop().time()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.elapsed = max(asyncio.get_running_loop().time() - self._started, 1e-9)
+        end = await self._snapshot()
+        self.used = {name: end[name] - self._start[name] for name in end}
+        self.shares = {name: 100 * used / self.elapsed for name, used in self.used.items()}
+
+    def note(self) -> str:
+        cores = os.cpu_count() or 1
+        parts = [f"{name} {share:.0f}" for name, share in self.shares.items() if name != "machine"]
+        machine = self.shares.get("machine", math.nan)
+        return f"CPU % of a core: {', '.join(parts)}; machine {machine:.0f} of {100 * cores}"
+
+
 async def redis_memory(redis: Redis) -> int:
     """Bytes the server holds for data: allocated memory less client buffers, script caches
     and other non-data overhead (``MEMORY STATS``), so connections opened meanwhile count not."""
@@ -380,10 +510,10 @@ async def redis_memory(redis: Redis) -> int:
 
 
 @contextlib.asynccontextmanager
-async def timed_phase(name: str) -> AsyncIterator[None]:
-    """Print what the benchmark is doing (a full run takes minutes)."""
+async def timed_phase(name: str) -> AsyncIterator[Callable[[], float]]:
+    """Print what the benchmark is doing (a full run takes minutes); yields its elapsed time."""
     loop = asyncio.get_running_loop()
     started = loop.time()
     print(f"  {name} ...", flush=True)
-    yield
+    yield lambda: loop.time() - started
     print(f"  {name}: {loop.time() - started:.1f}s", flush=True)

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 WAIT = 60.0  # the default bound of a call to a worker
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 START_TIMEOUT = 30.0
 STOP_TIMEOUT = 10.0
 LINE_LIMIT = 256 * 1024 * 1024  # the longest reply line (100k run ids fit easily)
@@ -62,6 +63,20 @@ def rss_bytes(pid: int) -> int:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) * 1024
     raise RuntimeError(f"no VmRSS for pid {pid}")
+
+
+def process_cpu_seconds(pid: int) -> float:
+    """CPU time (user + system) a process has used so far, from /proc (its threads included)."""
+    after_name = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(after_name[11]) + int(after_name[12])) / CLOCK_TICKS  # utime, stime
+
+
+def machine_cpu_seconds() -> tuple[float, float]:
+    """(busy, total) CPU seconds of the whole machine so far, all cores, from /proc/stat: what
+    every process used, ours and everybody else's (the machine is shared)."""
+    values = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+    idle = values[3] + values[4]  # idle, iowait
+    return (sum(values) - idle) / CLOCK_TICKS, sum(values) / CLOCK_TICKS
 
 
 class WorkerError(RuntimeError):

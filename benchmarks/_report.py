@@ -90,11 +90,13 @@ class Report:
         self.rows.append(row)
         return row
 
-    def set_floor(self, key: str, row: Row) -> None:
-        """Make ``row`` the floor named ``key`` (itself divided by nothing)."""
+    def set_floor(self, key: str, row: Row, *, divided: bool = False) -> None:
+        """Make ``row`` the floor named ``key`` (itself divided by nothing, unless ``divided``:
+        then it keeps its own ratio to the floor it was measured against)."""
         self.floors[key] = row
-        row.floor = None
-        row.ratios = {}
+        if not divided:
+            row.floor = None
+            row.ratios = {}
 
     def to_json(self) -> dict[str, Any]:
         return {

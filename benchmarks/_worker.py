@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import math
 import time
 from collections import Counter
@@ -24,6 +25,7 @@ from cancel_bus import CancelBus, RunCancelled, RunHandle
 from ._harness import Handler, serve
 
 SUBSCRIBER_POLL = 1.0  # seconds a subscriber's get_message waits, as the bus's listener does
+LAG_PROBE = 0.005  # seconds between the wake-ups of the event-loop lag probe
 
 
 class _Empty:
@@ -72,6 +74,7 @@ class BusWorker:
         self.idle_tasks: set[asyncio.Task[None]] = set()
         self.sessions = 0
         self.background: set[asyncio.Task[None]] = set()
+        self.held: dict[str, tuple[asyncio.Task[None], asyncio.Event, RunHandle]] = {}
 
     def handler(self, op: str) -> Handler:
         found: Handler = getattr(self, f"op_{op}")
@@ -171,11 +174,53 @@ class BusWorker:
 
     # -- one cancel-bus node ------------------------------------------------------------------
 
-    async def op_bus_start(self, url: str, namespace: str, node_id: str) -> None:
-        """Serve ``namespace`` too: one more bus, as a node serving several namespaces has."""
-        bus = CancelBus(url, namespace=namespace, node_id=node_id)
+    async def op_bus_start(
+        self, url: str, namespace: str, node_id: str, options: dict[str, Any] | None = None
+    ) -> None:
+        """Serve ``namespace`` too: one more bus, as a node serving several namespaces has.
+        ``options``: more keyword arguments of :class:`CancelBus` (``sweep_interval``)."""
+        bus = CancelBus(url, namespace=namespace, node_id=node_id, **(options or {}))
         await bus.start()
         self.buses[namespace] = bus
+
+    async def op_stats(self, namespace: str | None = None) -> dict[str, int]:
+        """The bus's counters (``BusStats``)."""
+        return dataclasses.asdict(self.node(namespace).stats)
+
+    async def op_hold_start(self, namespace: str | None = None) -> str:
+        """Enter ``bus.run()`` (nothing else: a run of a lifecycle) and hold the run open until
+        :meth:`op_hold_finish`; -> its id once its start has returned."""
+        started: asyncio.Future[RunHandle] = asyncio.get_running_loop().create_future()
+        release = asyncio.Event()
+
+        async def body() -> None:
+            async with self.node(namespace).run() as run:
+                started.set_result(run)
+                await release.wait()
+
+        task = asyncio.create_task(body())
+        handle = await asyncio.wait_for(started, 10.0)
+        self.held[handle.run_id] = (task, release, handle)
+        return handle.run_id
+
+    async def op_hold_finish(self, run_id: str) -> str | None:
+        """Let a run of :meth:`op_hold_start` end normally; -> its recorded final status."""
+        task, release, handle = self.held.pop(run_id)
+        release.set()
+        await asyncio.wait_for(task, 10.0)
+        status = handle.final_status
+        return None if status is None else str(status.value)
+
+    async def op_lifecycle_once(self, n: int = 1) -> list[int]:
+        """``n`` lifecycles one after another (``async with bus.run(): pass``): ns each."""
+        bus = self.node()
+        samples = []
+        for _ in range(n):
+            started = time.perf_counter_ns()
+            async with bus.run():
+                pass
+            samples.append(time.perf_counter_ns() - started)
+        return samples
 
     async def op_run_start(self, idle: bool = False, namespace: str | None = None) -> str:
         """Start a run in a tight checkpoint loop (checkpoint, yield to the loop, again), or an
@@ -260,14 +305,37 @@ class BusWorker:
             task.result()  # raises what stopped the run from starting
         return started.result()
 
-    async def op_release_all(self, timeout: float) -> float:
-        """Let every idle run end normally (``succeeded``); seconds until all are recorded."""
+    async def op_release_all(self, timeout: float) -> dict[str, Any]:
+        """Let every idle run end normally (``succeeded``), all in the same event-loop turn (each
+        release event is set before anything else runs); -> seconds until every run's scope
+        has exited, the event loop's worst lag meanwhile (a task that asks to wake every
+        ``LAG_PROBE`` seconds: how late it woke), and the bus's counters before and after."""
+        loop = asyncio.get_running_loop()
+        before = dataclasses.asdict(self.node().stats)
+        worst = 0.0
+        done = False
+
+        async def probe() -> None:
+            nonlocal worst
+            while not done:
+                due = loop.time() + LAG_PROBE
+                await asyncio.sleep(LAG_PROBE)
+                worst = max(worst, loop.time() - due)
+
+        prober = asyncio.create_task(probe())
+        await asyncio.sleep(0)  # the probe is waiting before the burst starts
         started = time.perf_counter()
         for release in list(self.idle.values()):
             release.set()
-        if self.idle_tasks:
-            await asyncio.wait_for(asyncio.gather(*self.idle_tasks), timeout)
-        return time.perf_counter() - started
+        try:
+            if self.idle_tasks:
+                await asyncio.wait_for(asyncio.gather(*self.idle_tasks), timeout)
+            seconds = time.perf_counter() - started
+        finally:
+            done = True
+            await prober
+        after = dataclasses.asdict(self.node().stats)
+        return {"seconds": seconds, "max_lag_s": worst, "stats_before": before, "stats": after}
 
     async def op_cancel_load(self, runs: list[list[str]], rate: float, timeout: float) -> Any:
         """Open-loop cancels of ``[namespace, run id]`` pairs at ``rate`` per second, each waiting
@@ -299,6 +367,21 @@ class BusWorker:
             "outcomes": dict(outcomes),
             "seconds": loop.time() - begin,
         }
+
+    async def op_cancel_each(
+        self, runs: list[list[str]], timeout: float, seconds: float
+    ) -> dict[str, Any]:
+        """Cancel ``[namespace, run id]`` pairs one after another, each waiting for its
+        confirmation (the cross-node path, nothing else in this process meanwhile), for at
+        most ``seconds``."""
+        outcomes: Counter[str] = Counter()
+        started = time.perf_counter()
+        for namespace, run_id in runs:
+            if time.perf_counter() - started >= seconds:
+                break
+            result = await self.node(namespace).cancel(run_id, wait=True, timeout=timeout)
+            outcomes[result.outcome.value] += 1
+        return {"outcomes": dict(outcomes), "seconds": time.perf_counter() - started}
 
     async def op_lifecycles(self, seconds: float, concurrency: int) -> dict[str, Any]:
         """``async with bus.run(): pass`` in ``concurrency`` loops for ``seconds``, the loops
@@ -343,11 +426,14 @@ class BusWorker:
 
     # -- an HTTP client of node services ------------------------------------------------------
 
-    async def op_http_start(self, url: str, body: dict[str, Any]) -> str:
+    async def op_http_start(self, url: str, body: dict[str, Any]) -> dict[str, Any]:
+        """POST /v1/runs: the run's id, ns to the response (a 201)."""
+        started = time.perf_counter_ns()
         response = await self._http().post(f"{url}/v1/runs", json=body)
-        response.raise_for_status()
-        run_id: str = response.json()["run_id"]
-        return run_id
+        elapsed = time.perf_counter_ns() - started
+        if response.status_code != 201:
+            raise RuntimeError(f"POST /v1/runs answered {response.status_code}: {response.text}")
+        return {"run_id": response.json()["run_id"], "elapsed_ns": elapsed}
 
     async def op_http_cancel(self, url: str, run_id: str, timeout: float) -> dict[str, Any]:
         """POST /v1/runs/{id}/cancel with wait=true: how long until the response, its code."""
@@ -364,6 +450,23 @@ class BusWorker:
         elapsed = time.perf_counter_ns() - started
         response.raise_for_status()
         return elapsed
+
+    async def op_http_cycle(
+        self, start_url: str, cancel_url: str, agent: dict[str, Any], seconds: float
+    ) -> dict[str, Any]:
+        """For ``seconds``: start a run of the agent on ``start_url``, cancel it (``wait=true``)
+        on ``cancel_url``, again; -> how many, and the cancels' status codes."""
+        codes: Counter[int] = Counter()
+        started = time.perf_counter()
+        count = 0
+        while time.perf_counter() - started < seconds:
+            count += 1
+            session = f"cycle-{time.time_ns()}-{count}"
+            body = {"app_name": "bench", "user_id": "user", "session_id": session, "agent": agent}
+            run = await self.op_http_start(start_url, body)
+            answer = await self.op_http_cancel(cancel_url, run["run_id"], 5.0)
+            codes[answer["code"]] += 1
+        return {"count": count, "codes": {str(k): v for k, v in codes.items()}}
 
     def _http(self) -> httpx.AsyncClient:
         if self.http is None:

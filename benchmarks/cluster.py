@@ -20,6 +20,7 @@ same machine:
 from __future__ import annotations
 
 import asyncio
+import math
 from dataclasses import dataclass
 
 from redis.asyncio import Redis
@@ -141,11 +142,12 @@ async def _cancel_rates(bench: Bench, topologies: list[Topology]) -> None:
     going = list(topologies)
     for rate in bench.profile.cancel_rates:
         for topology in list(going):
-            step = await cancel_step(bench, topology.nodes, rate)
+            servers = {f"redis-{i + 1}": s for i, s in enumerate(topology.servers)}
+            step = await cancel_step(bench, topology.nodes, rate, servers)
             name = f"{topology.label}: cancel confirmed at {rate:,}/s offered"
             row = bench.report.latency(THROUGHPUT, name, step.latency_ns)
             if within_bound(row, step):
-                best[topology.label] = max(best[topology.label], step.achieved)
+                best[topology.label] = max(best[topology.label], step.offered)
             else:
                 going.remove(topology)
     name = f"cancels/s with p99 ≤ {P99_BOUND_MS:.0f} ms (2 owners, 2 cancellers)"
@@ -163,4 +165,4 @@ def _versus(
     for topology, rate in zip(topologies, rates, strict=True):
         bench.report.figure(THROUGHPUT, f"{name}: {topology.label}", rate, "/s", floor=floor)
     label = f"{name}: {topologies[-1].label} ÷ {topologies[0].label}"
-    bench.report.figure(THROUGHPUT, label, rates[-1] / rates[0], "x")
+    bench.report.figure(THROUGHPUT, label, rates[-1] / rates[0] if rates[0] else math.nan, "x")
