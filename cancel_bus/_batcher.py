@@ -3,15 +3,17 @@
 A start, a finish, a cancel is one call of a script; concurrent runs make many at once. They are
 sent together, as one batch of that script (``_scripts.py``: the body runs once per call,
 inside one atomic script), so they share one round trip, one pass through the connection pool
-and one command to pack and parse, instead of one each. A call into a quiet batcher
-leaves at once; others leave as a batch as soon as the event-loop turn that made them ends,
-unless ``MAX_IN_FLIGHT`` batches are already on their way: then calls wait (and gather) until
-one comes back. So a burst of 100,000 ends is a queue, not
-100,000 requests racing for connections, and a batch holds at most ``MAX_CALLS`` calls and
-about ``MAX_BYTES`` of arguments: one node never holds a Redis shard for long.
+and one command to pack and parse, instead of one each. A call into a quiet batcher leaves at
+once; others leave as a batch as soon as the event-loop turn that made them ends, unless
+``MAX_IN_FLIGHT`` batches are already on their way: then calls wait (and gather) until one
+comes back. So a burst of 100,000 ends is a queue, not 100,000 requests racing for connections,
+and a batch holds at most ``MAX_CALLS`` calls and about ``MAX_BYTES`` of arguments: one node
+never holds a Redis shard for long.
 
-A call whose caller gave up before its batch left is not sent. A call may carry a timeout,
-counted from when its batch leaves (time spent queued behind a burst is not Redis's fault);
+Calls of different scripts take turns: a burst of finishes does not hold up a cancel. (The lease
+has a store, a batcher and connections of its own.) A call whose caller gave up before its batch
+left is not sent. A call may carry a timeout, counted from when its batch leaves (time spent
+queued behind a burst is not Redis's fault);
 past it the call fails with :class:`BusUnavailable` — its script may still run, so only calls
 that are safe to repeat use it. A batch that fails gives its error to each of its calls.
 """
@@ -66,8 +68,8 @@ class ScriptBatcher:
     ) -> Any:
         """The answer of one call of script ``name``; raises what redis-py raises. A call into
         a quiet batcher leaves at once, from the caller's own task: no wait for a batch."""
-        call = _Call(keys, args, timeout)
         if not self._in_flight and not self._pending:
+            call = _Call(keys, args, timeout)
             self._in_flight += 1
             try:
                 await self._send(self._scripts[name], [call])
@@ -75,9 +77,17 @@ class ScriptBatcher:
                 self._in_flight -= 1
                 self._schedule_flush()
             return call.answer.result()
+        return await self.submit(name, keys, args, timeout)
+
+    def submit(
+        self, name: str, keys: list[str], args: list[str], timeout: float | None = None
+    ) -> asyncio.Future[Any]:
+        """Queue one call of script ``name`` for the next batch; -> the future of its answer
+        (or of what redis-py raised)."""
+        call = _Call(keys, args, timeout)
         self._pending.setdefault(name, deque()).append(call)
         self._schedule_flush()
-        return await call.answer
+        return call.answer
 
     def _schedule_flush(self) -> None:
         if self._pending and not self._flush_scheduled and self._in_flight < MAX_IN_FLIGHT:
@@ -85,15 +95,17 @@ class ScriptBatcher:
             asyncio.get_running_loop().call_soon(self._flush)
 
     def _flush(self) -> None:
+        """Send batches while fewer than ``MAX_IN_FLIGHT`` are on their way, the scripts taking
+        turns (a burst of finishes does not hold up a cancel)."""
         self._flush_scheduled = False
-        for name in list(self._pending):
-            calls = self._pending[name]
-            while calls and self._in_flight < MAX_IN_FLIGHT:
-                batch = _take_batch(calls)
-                if batch:
-                    self._send_soon(self._scripts[name], batch)
-            if not calls:
-                del self._pending[name]
+        while self._pending and self._in_flight < MAX_IN_FLIGHT:
+            name = next(iter(self._pending))
+            calls = self._pending.pop(name)
+            batch = _take_batch(calls)
+            if calls:
+                self._pending[name] = calls  # to the back of the line
+            if batch:
+                self._send_soon(self._scripts[name], batch)
 
     def _send_soon(self, script: AsyncScript, batch: list[_Call]) -> None:
         self._in_flight += 1

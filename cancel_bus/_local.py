@@ -1,19 +1,22 @@
 """This node's live runs: registering and ending them (the owner every run reports to), the
 cancels that reach them, and those that came before their start returned here.
 
-A burst of owner writes (100,000 runs ending in one event-loop turn) is a queue in the store's
-batcher, not a race for connections: the heartbeat, on connections of its own, is never behind
-it. A finish that Redis does not answer within an interval of being sent waits in the outbox,
-not in the run's exit.
+A burst of ends (100,000 runs ending in one event-loop turn) is a queue: each end is a queued
+item (:mod:`._chunks`), worked on a bounded chunk at a time, and the store's batcher sends each
+chunk's finishes as one script call; the event-loop turn that woke them stays short, and the
+heartbeat (on a store and connections of its own) runs between chunks. A finish that Redis does
+not answer within an interval of being sent waits in the outbox, not in the run's exit.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from enum import Enum
 
+from ._chunks import ChunkedQueue, Settling
 from ._errors import (
     BusUnavailable,
     CancelBusError,
@@ -24,10 +27,10 @@ from ._errors import (
 )
 from ._lease import Lease
 from ._messages import SESSION_TARGET_PREFIX, run_target, session_target
-from ._outbox import Outbox, Write
+from ._outbox import Outbox
 from ._run import Ending, ProfiledRunHandle, RunHandle, RunSpec, RunState
 from ._state import Lifecycle
-from ._store import RunStore
+from ._store import Finish, FinishAnswer, RunStore
 from ._sync import RunSync
 from ._timed import TimedMap
 from ._types import BusStats, CancelMode, CancelRequest, RunInfo, RunStatus, StopCause
@@ -74,6 +77,7 @@ class LocalRuns:
         self._early: TimedMap[str, CancelRequest] = TimedMap(EARLY_CANCEL_SECONDS, 10_000)
         self.starting = 0  # starts sent to Redis, not answered yet
         self.finishing = 0  # finishes of runs still in the table, not answered yet
+        self._ends: ChunkedQueue[tuple[RunState, Ending]] = ChunkedQueue(self._end)
 
     # -- the table ----------------------------------------------------------------------------
 
@@ -117,7 +121,7 @@ class LocalRuns:
                 return Delivery.MISADDRESSED
         if not state.deliver(request, self.clock()):
             return Delivery.UNCHANGED
-        self._sync.mark(state)
+        self._sync.mark_delivered(state)
         return Delivery.DELIVERED
 
     async def drain(self, timeout: float) -> None:
@@ -202,20 +206,39 @@ class LocalRuns:
             self.deliver(spec.run_id, early)
         return handle
 
-    async def finish_run(self, state: RunState, ending: Ending) -> None:
+    def finish_run(self, state: RunState, ending: Ending) -> Settling:
+        """Queue the run's end (see the module's docstring); the future settles once it is
+        recorded, refused, or deferred to the outbox."""
+        return self._ends.put((state, ending))
+
+    async def _end(self, ends: list[tuple[RunState, Ending]]) -> list[BaseException | None]:
+        """Record a chunk of ends: their relayed output first (one write), then their finishes
+        together; an end Redis does not take now waits in the outbox. -> each one's error."""
         with contextlib.suppress(CancelBusError):  # relayed output is best effort; the end is not
-            await self._sync.flush(state)
-
-        async def write() -> None:
-            await self._write_finish(state, ending)
-
+            await self._sync.flush([state for state, _ in ends])
         if len(self._outbox):  # Redis is failing: queue behind the others, don't hold the exit
-            self._defer(state.run_id, write, "earlier finishes are waiting for Redis")
-            return
+            for state, ending in ends:
+                self._defer(state, ending, "earlier finishes are waiting for Redis")
+            return [None] * len(ends)
+        finishes = [self._finish(state, ending) for state, ending in ends]
+        self.finishing += len(ends)
         try:
-            await write()
-        except BusUnavailable as exc:
-            self._defer(state.run_id, write, str(exc))
+            answers = await self._store.finish_runs(finishes, timeout=self._lease.interval)
+        finally:
+            self.finishing -= len(ends)
+        errors: list[BaseException | None] = []
+        for (state, ending), answer in zip(ends, answers, strict=True):
+            error: BaseException | None = None
+            try:
+                if isinstance(answer, BaseException):
+                    raise answer
+                self._finished(state, answer)
+            except BusUnavailable as exc:
+                self._defer(state, ending, str(exc))
+            except BaseException as exc:  # given to the run's exit
+                error = exc
+            errors.append(error)
+        return errors
 
     async def set_waiting(self, state: RunState, waiting: bool) -> None:
         target = RunStatus.WAITING if waiting else RunStatus.RUNNING
@@ -242,33 +265,24 @@ class LocalRuns:
 
     # -- internals ----------------------------------------------------------------------------
 
-    def _defer(self, run_id: str, write: Write, why: str) -> None:
-        log.warning("cancel-bus: finish of %s deferred: %s", run_id, why)
+    def _defer(self, state: RunState, ending: Ending, why: str) -> None:
+        log.warning("cancel-bus: finish of %s deferred: %s", state.run_id, why)
         self._stats.finishes_deferred += 1
-        self._outbox.add(run_id, write)
+        self._outbox.add(state.run_id, functools.partial(self._write_finish, state, ending))
 
     async def _write_finish(self, state: RunState, ending: Ending) -> None:
-        state.finishing = True
+        """One run's finish, alone (the outbox's retry)."""
         self.finishing += 1
         try:
-            code, final, _ = await self._write(state, ending)
+            answer = await self._store.finish_run(self._finish(state, ending), self._lease.interval)
         finally:
             self.finishing -= 1
-        if code == "missing":
-            raise BusUnavailable("Redis lost this node's record; retrying after it re-registers")
-        self._runs.pop(state.run_id, None)
-        if not self._runs:
-            self._empty.set()
-        if code == "fenced":
-            self._stats.finishes_fenced += 1
-            log.warning(
-                "cancel-bus: finish of %s refused: its incarnation was fenced", state.run_id
-            )
-            return
-        state.final_status = RunStatus(final)
+        self._finished(state, answer)
 
-    async def _write(self, state: RunState, ending: Ending) -> tuple[str, str, str]:
-        return await self._store.finish_run(
+    def _finish(self, state: RunState, ending: Ending) -> Finish:
+        """The run's end as the finish script takes it (the run is marked as finishing)."""
+        state.finishing = True
+        return Finish(
             run_id=state.run_id,
             node_id=self._lease.node_id,
             epoch=state.epoch,
@@ -282,5 +296,21 @@ class LocalRuns:
             observed_at=state.observed_at,
             record=state.record,
             notes=state.take_notes(),
-            timeout=self._lease.interval,  # a retried finish is idempotent
         )
+
+    def _finished(self, state: RunState, answer: FinishAnswer) -> None:
+        """Redis answered the run's finish: it leaves the table (unless Redis lost this node's
+        record: :class:`BusUnavailable`, retried once the node re-registers)."""
+        code, final, _ = answer
+        if code == "missing":
+            raise BusUnavailable("Redis lost this node's record; retrying after it re-registers")
+        self._runs.pop(state.run_id, None)
+        if not self._runs:
+            self._empty.set()
+        if code == "fenced":
+            self._stats.finishes_fenced += 1
+            log.warning(
+                "cancel-bus: finish of %s refused: its incarnation was fenced", state.run_id
+            )
+            return
+        state.final_status = RunStatus(final)

@@ -28,7 +28,7 @@ from ._messages import run_target
 from ._outbox import Outbox
 from ._redis import raise_if_cancelling
 from ._state import Lifecycle
-from ._store import RunStore
+from ._store import Finish, RunStore
 from ._timed import TimedMap
 from ._types import BusStats, CancelRequest, RunInfo, RunStatus, StopCause
 from ._waiters import Waiters
@@ -175,7 +175,7 @@ class Recovery:
 
     async def _resolve_stray(self, run: RunInfo) -> None:
         """A run Redis says we own but we do not hold (e.g. its process state was lost)."""
-        code, _, _ = await self._store.finish_run(
+        stray = Finish(
             run_id=run.run_id,
             node_id=self._lease.node_id,
             epoch=self._lease.epoch,
@@ -189,6 +189,7 @@ class Recovery:
             observed_at=None,
             record=dict,
         )
+        code, _, _ = await self._store.finish_run(stray)
         if code == "ok":
             self._stats.orphans_resolved += 1
 

@@ -174,6 +174,15 @@ def translated(action: str) -> Iterator[None]:
         raise BusUnavailable(f"{action}: Redis connection lost ({exc})") from exc
 
 
+def translate(action: str, exc: BaseException) -> BaseException:
+    """What :func:`translated` raises for ``exc`` (an error a future carried)."""
+    try:
+        with translated(action):
+            raise exc
+    except BaseException as translated_exc:  # handed back, not swallowed
+        return translated_exc
+
+
 def is_closed_transport(exc: BaseException) -> bool:
     """uvloop reports a write on a connection the peer reset as a RuntimeError, not an OSError
     (MagicStack/uvloop#506); redis-py has already discarded the connection when it surfaces."""

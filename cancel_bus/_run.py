@@ -15,7 +15,7 @@ import json
 import logging
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from contextvars import ContextVar, Token
 from dataclasses import dataclass, replace
 from types import TracebackType
@@ -36,7 +36,7 @@ class RunOwner(Protocol):
 
     async def start_run(self, spec: RunSpec) -> RunHandle: ...
 
-    async def finish_run(self, state: RunState, ending: Ending) -> None: ...
+    def finish_run(self, state: RunState, ending: Ending) -> Awaitable[None]: ...
 
     async def set_waiting(self, state: RunState, waiting: bool) -> None: ...
 
@@ -576,5 +576,7 @@ class RunScope:
         state = handle._state
         ending, suppress = state.settle(exc, self._owner.clock())
         state.close()
-        await asyncio.shield(self._owner.finish_run(state, ending))
+        # a cancellation of this wait is delivered once the end is recorded (or handed to the
+        # outbox): when the run's task is over, so is the run
+        await self._owner.finish_run(state, ending)
         return suppress

@@ -19,7 +19,7 @@ from ._batcher import ScriptBatcher
 from ._errors import CancelBusError
 from ._keys import KeySpace
 from ._messages import MessageSigner, decode, probe_body
-from ._redis import translated
+from ._redis import translate, translated
 from ._scripts import ALL_SCRIPTS, NOTIFYING
 from ._types import (
     ACTIVE_STATUSES,
@@ -52,6 +52,30 @@ class CancelAnswer:
     run: RunInfo | None
     receivers: int = -1
     descendants: list[tuple[str, str, RunInfo | None]] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class Finish:
+    """A run's end, as its owner writes it. ``stop_cause``: why the node stopped the run without
+    a request, if it did; ``record`` (the run as the owner knows it) is read only if Redis lost
+    the run's record."""
+
+    run_id: str
+    node_id: str
+    epoch: str
+    status: RunStatus
+    stop_cause: StopCause | None
+    output: str
+    output_truncated: bool
+    error: str | None
+    phase: str | None
+    delivered_at: float | None
+    observed_at: float | None
+    record: Callable[[], dict[str, str]]
+    notes: str = ""
+
+
+FinishAnswer = tuple[str, str, str]
 
 
 @dataclass(frozen=True, slots=True)
@@ -266,79 +290,57 @@ class RunStore:
             reply[0], _run_or_none(reply[1]), sent.get("cancel", int(reply[2])), below
         )
 
-    async def finish_run(
-        self,
-        *,
-        run_id: str,
-        node_id: str,
-        epoch: str,
-        status: RunStatus,
-        stop_cause: StopCause | None,
-        output: str,
-        output_truncated: bool,
-        error: str | None,
-        phase: str | None,
-        delivered_at: float | None,
-        observed_at: float | None,
-        record: Callable[[], dict[str, str]],
-        notes: str = "",
-        timeout: float | None = None,
-    ) -> tuple[str, str, str]:
+    async def finish_run(self, finish: Finish, timeout: float | None = None) -> FinishAnswer:
         """-> (code, final status, end reason); code is ok | done | fenced | missing.
-        ``stop_cause``: why the node stopped the run without a request, if it did. ``record``
-        (the run as the owner knows it) is read only if Redis lost the run's record.
         ``timeout``: for Redis's answer, from when the call leaves (it is safe to repeat)."""
-        answer = await self._finish(
-            run_id, node_id, epoch, status, stop_cause, output, output_truncated, error, phase,
-            delivered_at, observed_at, "", notes, timeout,
-        )  # fmt: skip
-        if answer[0] == "record_lost":
-            answer = await self._finish(
-                run_id, node_id, epoch, status, stop_cause, output, output_truncated, error,
-                phase, delivered_at, observed_at, json.dumps(record()), notes, timeout,
-            )  # fmt: skip
+        (answer,) = await self.finish_runs([finish], timeout)
+        if isinstance(answer, BaseException):
+            raise answer
         return answer
 
-    async def _finish(
-        self,
-        run_id: str,
-        node_id: str,
-        epoch: str,
-        status: RunStatus,
-        stop_cause: StopCause | None,
-        output: str,
-        output_truncated: bool,
-        error: str | None,
-        phase: str | None,
-        delivered_at: float | None,
-        observed_at: float | None,
-        record: str,
-        notes: str,
-        timeout: float | None,
-    ) -> tuple[str, str, str]:
-        reply, _ = await self._eval_notifying(
-            "finish_run",
-            [self.keys.run(run_id)],
-            [
-                run_id,
-                node_id,
-                epoch,
-                status.value,
-                stop_cause.value if stop_cause is not None else "",
-                output,
-                "1" if output_truncated else "0",
-                error or "",
-                phase or "",
-                _time_or_empty(delivered_at),
-                _time_or_empty(observed_at),
-                self.retention_ms,
-                self._script_pub,
-                record,
-                notes,
-            ],
-            timeout,
-        )
-        return reply[0], reply[1], reply[2] if len(reply) > 2 else ""
+    async def finish_runs(
+        self, finishes: Sequence[Finish], timeout: float | None = None
+    ) -> list[FinishAnswer | BaseException]:
+        """Many runs' ends at once (a chunk of a burst): queued together, they leave in as few
+        batches as the batcher allows; -> each one's answer (see :meth:`finish_run`) or error.
+        A run whose record Redis lost is written again with the owner's ``record``."""
+        answers = await self._finish_calls(finishes, [""] * len(finishes), timeout)
+        lost = [i for i, answer in enumerate(answers) if _code(answer) == "record_lost"]
+        if lost:
+            records = [json.dumps(finishes[i].record()) for i in lost]
+            again = await self._finish_calls([finishes[i] for i in lost], records, timeout)
+            for i, answer in zip(lost, again, strict=True):
+                answers[i] = answer
+        return answers
+
+    async def _finish_calls(
+        self, finishes: Sequence[Finish], records: list[str], timeout: float | None
+    ) -> list[FinishAnswer | BaseException]:
+        answers = [
+            self._batcher.submit(
+                "finish_run", [self.keys.run(f.run_id)], self._finish_args(f, record), timeout
+            )
+            for f, record in zip(finishes, records, strict=True)
+        ]
+        replies = await asyncio.gather(*answers, return_exceptions=True)
+        notices = [n for r in replies if not isinstance(r, BaseException) for n in r[0]]
+        if notices:
+            await self._publish(notices)
+        return [
+            translate("finish_run", r)
+            if isinstance(r, BaseException)
+            else (r[1][0], r[1][1], r[1][2] if len(r[1]) > 2 else "")
+            for r in replies
+        ]
+
+    def _finish_args(self, f: Finish, record: str) -> list[str]:
+        return [
+            f.run_id, f.node_id, f.epoch, f.status.value,
+            f.stop_cause.value if f.stop_cause is not None else "", f.output,
+            "1" if f.output_truncated else "0", f.error or "", f.phase or "",
+            _time_or_empty(f.delivered_at), _time_or_empty(f.observed_at),
+            self.retention_ms, self._script_pub, record, f.notes,
+        ]  # fmt: skip
 
     async def sync_runs(self, node_id: str, epoch: str, items: Sequence[SyncItem]) -> int:
         """Write the updates of many runs in one script call; -> how many runs took them."""
@@ -688,6 +690,10 @@ def _lease_clock(clock: list[str | None], now: float) -> float:
 
 def _ms(seconds: float) -> str:
     return str(int(seconds * 1000))
+
+
+def _code(answer: FinishAnswer | BaseException) -> str | None:
+    return None if isinstance(answer, BaseException) else answer[0]
 
 
 def _time_or_empty(value: float | None) -> str:

@@ -1,7 +1,8 @@
 """Owner-side updates of active runs (phase, delivery time, relayed output), off the hot path.
 
 A run marks itself changed (a dict insert and an event set); one task writes every changed run in
-a single script call, and while that write is in flight new changes pile up for the next one.
+a single script call, and while that write is in flight new changes pile up for the next one. A
+delivery time lingers a moment first: the run's finish, if it comes sooner, carries it.
 Writes are serialised by a lock, so a run's final flush before its finish lands after everything
 it emitted.
 """
@@ -21,6 +22,7 @@ from ._types import BusStats
 log = logging.getLogger("cancel_bus")
 
 MAX_PENDING_RELAY = 10_000
+DELIVERY_LINGER = 0.1  # seconds a delivery time waits for the run's finish to carry it
 
 
 class RunSync:
@@ -30,6 +32,7 @@ class RunSync:
         self._stats = stats
         self._dirty: dict[str, RunState] = {}
         self._wake = asyncio.Event()
+        self._linger: asyncio.TimerHandle | None = None
         self._lock = asyncio.Lock()
         self._stopped = False
 
@@ -41,18 +44,34 @@ class RunSync:
             self._stats.relay_dropped += overflow
         self._wake.set()
 
-    async def flush(self, state: RunState) -> None:
-        """Before a run's finish: write its relayed output, so followers see all of it before the
-        end. Its phase and delivery time travel with the finish itself (no round trip)."""
-        if not state.relay:
-            state.phase_dirty = state.delivery_dirty = False
-            return
-        self._dirty.pop(state.run_id, None)
-        await self._write([state])
+    def mark_delivered(self, state: RunState) -> None:
+        """A cancel reached the run: its delivery time is written within
+        :data:`DELIVERY_LINGER`, unless the run's finish carries it first (most runs stop at
+        their next checkpoint: one round trip, not two)."""
+        self._dirty[state.run_id] = state
+        if self._linger is None and not self._wake.is_set():
+            self._linger = asyncio.get_running_loop().call_later(DELIVERY_LINGER, self._wake.set)
+
+    async def flush(self, states: list[RunState]) -> None:
+        """Before runs' finishes: write their relayed output (one write for all), so followers
+        see all of it before the end. Their phase and delivery time travel with the finish
+        itself (no round trip)."""
+        relayed = []
+        for state in states:
+            if state.relay:
+                self._dirty.pop(state.run_id, None)
+                relayed.append(state)
+            else:
+                state.phase_dirty = state.delivery_dirty = False
+        if relayed:
+            await self._write(relayed)
 
     def stop(self) -> None:
         """End :meth:`run_forever` at its next turn (even if a cancellation was swallowed)."""
         self._stopped = True
+        if self._linger is not None:
+            self._linger.cancel()
+            self._linger = None
         self._wake.set()
 
     async def run_forever(self) -> None:
@@ -60,6 +79,9 @@ class RunSync:
         while not self._stopped:
             await self._wake.wait()
             self._wake.clear()
+            if self._linger is not None:
+                self._linger.cancel()
+                self._linger = None
             states = list(self._dirty.values())
             self._dirty.clear()
             try:

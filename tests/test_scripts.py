@@ -15,7 +15,7 @@ import redis.asyncio as aioredis
 from cancel_bus._batcher import MAX_CALLS, MAX_IN_FLIGHT, ScriptBatcher
 from cancel_bus._keys import KEY_TEMPLATES, KeySpace
 from cancel_bus._scripts import ALL_SCRIPTS, BATCH_HEAD, BATCH_TAIL, EVENTS_MAX, PRELUDE
-from cancel_bus._store import RunStore
+from cancel_bus._store import Finish, RunStore
 from cancel_bus._types import CancelMode, RunStatus, StopCause
 
 LEASE = 30.0
@@ -44,18 +44,20 @@ async def _finish(
     store: RunStore, run_id: str, node: str, epoch: str, status: RunStatus = RunStatus.SUCCEEDED
 ) -> tuple[str, str, str]:
     return await store.finish_run(
-        run_id=run_id,
-        node_id=node,
-        epoch=epoch,
-        status=status,
-        stop_cause=None,
-        output="out",
-        output_truncated=False,
-        error=None,
-        phase=None,
-        delivered_at=None,
-        observed_at=None,
-        record=dict,
+        Finish(
+            run_id=run_id,
+            node_id=node,
+            epoch=epoch,
+            status=status,
+            stop_cause=None,
+            output="out",
+            output_truncated=False,
+            error=None,
+            phase=None,
+            delivered_at=None,
+            observed_at=None,
+            record=dict,
+        )
     )
 
 
@@ -245,18 +247,20 @@ async def test_finish_recreates_a_record_redis_lost(store: RunStore) -> None:
         "session_id": "s",
     }
     code, status, _ = await store.finish_run(
-        run_id="lost",
-        node_id="n1",
-        epoch=epoch,
-        status=RunStatus.SUCCEEDED,
-        stop_cause=None,
-        output="o",
-        output_truncated=False,
-        error=None,
-        phase=None,
-        delivered_at=None,
-        observed_at=None,
-        record=lambda: record,
+        Finish(
+            run_id="lost",
+            node_id="n1",
+            epoch=epoch,
+            status=RunStatus.SUCCEEDED,
+            stop_cause=None,
+            output="o",
+            output_truncated=False,
+            error=None,
+            phase=None,
+            delivered_at=None,
+            observed_at=None,
+            record=lambda: record,
+        )
     )
     assert (code, status) == ("ok", "succeeded")
     run = await store.get_run("lost")
@@ -373,18 +377,20 @@ async def test_a_run_is_recorded_cancelled_only_if_someone_asked(store: RunStore
 
     async def finish(run_id: str, cause: StopCause | None) -> tuple[str, str, str]:
         return await store.finish_run(
-            run_id=run_id,
-            node_id="n1",
-            epoch=epoch,
-            status=RunStatus.CANCELLED,  # the code stopped as for a cancel
-            stop_cause=cause,
-            output="",
-            output_truncated=False,
-            error=None,
-            phase=None,
-            delivered_at=None,
-            observed_at=None,
-            record=dict,
+            Finish(
+                run_id=run_id,
+                node_id="n1",
+                epoch=epoch,
+                status=RunStatus.CANCELLED,  # the code stopped as for a cancel
+                stop_cause=cause,
+                output="",
+                output_truncated=False,
+                error=None,
+                phase=None,
+                delivered_at=None,
+                observed_at=None,
+                record=dict,
+            )
         )
 
     assert await finish("plain", None) == ("ok", "failed", "error")
@@ -479,3 +485,52 @@ async def test_calls_made_together_leave_in_few_bounded_batches(
 async def _evalsha_calls(redis: aioredis.Redis) -> int:
     stats = await redis.info("commandstats")
     return int(stats.get("cmdstat_evalsha", {}).get("calls", 0))
+
+
+async def test_a_cancel_takes_its_turn_in_a_burst_of_finishes(
+    store: RunStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    epoch = await _node(store)
+    runs = MAX_IN_FLIGHT * MAX_CALLS * 2  # more than the batches in flight can carry
+    for first in range(0, runs, 500):
+        starts = (
+            store.start_run(f"r{i}", "n1", epoch, None, None, False)
+            for i in range(first, first + 500)
+        )
+        await asyncio.gather(*starts)
+    order: list[str] = []
+    send = ScriptBatcher._send
+
+    async def recorded(self: ScriptBatcher, script: Any, batch: list[Any]) -> None:
+        order.append(next(name for name, known in self._scripts.items() if known is script))
+        await send(self, script, batch)
+
+    monkeypatch.setattr(ScriptBatcher, "_send", recorded)
+    finishes = asyncio.ensure_future(
+        store.finish_runs([_finish_of(f"r{i}", epoch) for i in range(runs)])
+    )
+    while len(order) < MAX_IN_FLIGHT:  # the first batches are on their way, the rest queued
+        await asyncio.sleep(0)
+    code, _, _ = await _cancel(store, f"r{runs - 1}")  # queued behind them
+    assert code in ("stopping", "already_finished")
+    second_wave = order.index("finish_run", MAX_IN_FLIGHT)  # sent as the first ones came back
+    assert "request_cancel" in order[second_wave : second_wave + 2], order
+    answers = await finishes
+    assert all(not isinstance(a, BaseException) and a[0] in ("ok", "done") for a in answers)
+
+
+def _finish_of(run_id: str, epoch: str) -> Finish:
+    return Finish(
+        run_id=run_id,
+        node_id="n1",
+        epoch=epoch,
+        status=RunStatus.SUCCEEDED,
+        stop_cause=None,
+        output="",
+        output_truncated=False,
+        error=None,
+        phase=None,
+        delivered_at=None,
+        observed_at=None,
+        record=dict,
+    )

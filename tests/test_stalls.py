@@ -170,6 +170,38 @@ async def test_a_burst_of_ends_is_written_without_starving_the_owner(
         assert await a.list_runs(status=status) == []
 
 
+async def test_a_run_whose_exit_is_cancelled_ends_once_its_end_is_recorded(
+    own_server: EmbeddedServer, own_client: aioredis.Redis, namespace: str
+) -> None:
+    async with CancelBus(own_server.url, namespace=namespace, lease_ttl=6.0) as a:
+        leave, ids = asyncio.Event(), []
+
+        async def work() -> None:
+            async with a.run() as run:
+                ids.append(run.run_id)
+                await leave.wait()
+
+        task = asyncio.create_task(work())
+        await eventually(lambda: _holding(a, 1))
+        await own_client.execute_command("CLIENT", "PAUSE", 5000, "WRITE")  # the finish waits
+        try:
+            leave.set()
+            await eventually(lambda: _finishing(a))
+            task.cancel()  # e.g. the server shutting down, while the end is on its way
+            ended, _ = await asyncio.wait({task}, timeout=0.5)
+            assert not ended  # the exit waits for the record, cancelled or not...
+        finally:
+            await own_client.execute_command("CLIENT", "UNPAUSE")
+        with pytest.raises(asyncio.CancelledError):  # ... and is cancelled once it is written
+            await asyncio.wait_for(task, WAIT)
+        record = await a.get_run(ids[0])
+        assert record is not None and record.status is RunStatus.SUCCEEDED
+
+
+async def _finishing(bus: CancelBus) -> bool:
+    return bus._local.finishing > 0
+
+
 async def _rejected(bus: CancelBus, count: int) -> bool:
     return bus.stats.messages_rejected >= count
 
