@@ -3,9 +3,10 @@
 # read-only root filesystem (only /tmp needs to be writable; the Helm chart mounts an emptyDir).
 #
 # The install step is the one CI runs (scripts/_venv.sh: `python -m pip install --upgrade pip`,
-# then `python -m pip install .` into a virtualenv), minus the editable flag and the test extra:
-# the image holds the package and the dependency resolution CI tested, nothing else. Not built on
-# the project's machines (they have no Docker engine); see docs/deploy.md, "What is not verified".
+# then `python -m pip install ".[node]"` into a virtualenv), minus the editable flag and the
+# test extra: the image holds the package and the dependency resolution CI tested, nothing
+# else. Not built on the project's machines (they have no Docker engine); see docs/deploy.md,
+# "What is not verified".
 #   docker build -t cancel-bus:0.1.0 .
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 
@@ -18,7 +19,7 @@ COPY cancel_bus ./cancel_bus
 COPY node ./node
 RUN python -m venv /opt/cancel-bus \
     && /opt/cancel-bus/bin/python -m pip install --quiet --upgrade pip \
-    && /opt/cancel-bus/bin/python -m pip install --quiet . \
+    && /opt/cancel-bus/bin/python -m pip install --quiet ".[node]" \
     && /opt/cancel-bus/bin/python -m pip uninstall --quiet --yes pip
 
 # -- runtime: the virtualenv only; no pip in it, no build tools, no sources ----------------------

@@ -62,7 +62,7 @@ def test_install_step_is_the_one_ci_runs() -> None:
     image_steps = re.findall(r"/opt/cancel-bus/bin/python (-m pip install [^&]*?)\s*(?:&&|$)", runs)
     expected = [
         ci_steps[0],
-        re.sub(r' -e "[^"]*"', " .", ci_steps[1]),  # not editable, no extras
+        re.sub(r' -e "[^"]*"', ' ".[node]"', ci_steps[1]),  # not editable, the node extra only
     ]
     assert image_steps == expected
 
