@@ -57,6 +57,11 @@ class RunEnded(CancelBusError):
         self.run_id = run_id
 
 
+class RemoteTaskRunning(CancelBusError):
+    """An A2A call's block was left while its remote task was not seen to end (the integrations'
+    ``send_message``: recorded as the call's run's error, never raised out of it)."""
+
+
 class RunNotFound(CancelBusError):
     def __init__(self, run_id: str) -> None:
         super().__init__(f"run {run_id} not found")

@@ -68,6 +68,7 @@ KEY_TEMPLATES: dict[str, str] = {
     "children": "kids:{run_id}",
     "tombstones": "tombstones",
     "tombstone": "tomb:{tombstone_id}",
+    "cancel_request": "creq:{request_id}",
 }
 _FIELD = re.compile(r"{(\w+)}")
 
@@ -154,6 +155,11 @@ class KeySpace:
         """Sorted set of live tombstones by expiry (server clock): selector cancels that also
         cancel matching runs started or queued later."""
         return self.name("tombstones")
+
+    def cancel_request(self, request_id: str) -> str:
+        """String, for a while: the run a cancel request reached ('-': none), so a call that
+        redis-py repeats after its answer was lost answers for that run as it now stands."""
+        return self.name("cancel_request", request_id=request_id)
 
     def tombstone(self, tombstone_id: str) -> str:
         """Hash: a tombstone's selector (JSON), its request (mode, reason, requested_by, cause)

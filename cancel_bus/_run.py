@@ -222,19 +222,22 @@ class RunState:
         """How the run ended, and whether its exception is to be suppressed.
 
         Our own ``immediate`` cancellation is balanced with ``uncancel()`` and turned into a
-        cancel; a ``CancelledError`` that is not ours is recorded and never swallowed."""
+        cancel; it is swallowed only if no other cancellation of the task is pending. A
+        ``CancelledError`` that is not ours is recorded as a failure and never swallowed."""
         self._exiting = True
         task = self._task
-        ours = self._task_cancel_sent and task is not None and task.uncancel() == 0
+        sent = self._task_cancel_sent and task is not None
+        pending = task.uncancel() if sent and task is not None else 0
         if exc is None:
             return Ending(RunStatus.SUCCEEDED, None), False
         if isinstance(exc, RunCancelled) and exc.run_id == self.run_id:
             return Ending(RunStatus.CANCELLED, None), True
         if isinstance(exc, asyncio.CancelledError):
-            if ours:
+            if sent:  # asked to stop, and stopped; the exception goes on while another
+                # cancellation is pending (an enclosing run's in the same task, or a foreign one)
                 if self.observed_at is None:
                     self.observed_at = at
-                return Ending(RunStatus.CANCELLED, None), True
+                return Ending(RunStatus.CANCELLED, None), pending == 0
             return Ending(RunStatus.FAILED, "interrupted: the asyncio task was cancelled"), False
         return Ending(RunStatus.FAILED, f"{type(exc).__name__}: {exc}"), False
 

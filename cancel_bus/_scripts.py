@@ -39,6 +39,7 @@ MAX_DESCENDANTS = 1000  # runs of a tree one cancel reaches below its root
 MAX_TOMBSTONES = 1000  # live tombstones of a namespace
 RELAY_MAX = 10000
 NOTIFY_RUN_MAX_BYTES = 16384
+REQUEST_MEMORY_MS = 120_000  # how long a cancel request remembers the run it reached
 
 _PRELUDE_TEMPLATE = """
 local P = string.match(KEYS[1], '^(cb:{[^}]*}:)')
@@ -257,6 +258,18 @@ local function cancel_one(run_id, target, mode, reason, by, cause, waiter, calle
   return {'stopping', redis.call('HGETALL', rk), receivers}
 end
 
+-- A run as a repeated cancel request answers for it: {code, fields, -1}: stopping while it is
+-- active (the first run of the request recorded it), else how it ended.
+local function standing(run_id)
+  local fields = redis.call('HGETALL', key_run(run_id))
+  local cur = redis.call('HMGET', key_run(run_id), 'status', 'end_reason')
+  if not cur[1] then return {'not_found', {}, -1} end
+  if ACTIVE[cur[1]] then return {'stopping', fields, -1} end
+  if cur[2] == 'owner_lost' then return {'owner_lost', fields, -1} end
+  if cur[1] == 'cancelled' then return {'cancelled', fields, -1} end
+  return {'already_finished', fields, -1}
+end
+
 -- The runs started below `run_id` (children, their children...), deepest first, at most
 -- __MAX_DESCENDANTS__.
 local function descendants(run_id)
@@ -376,6 +389,7 @@ def _fill(template: str) -> str:
         .replace("__RUN_PREFIX__", RUN_TARGET_PREFIX)
         .replace("__MAX_DESCENDANTS__", str(MAX_DESCENDANTS))
         .replace("__MAX_TOMBSTONES__", str(MAX_TOMBSTONES))
+        .replace("__REQUEST_MEMORY_MS__", str(REQUEST_MEMORY_MS))
         .replace("__KEY_FUNCTIONS__", lua_key_functions())
     )
 
@@ -593,7 +607,10 @@ return {'ok', redis.call('HGETALL', rk)}
 # ARGV[1] target ('run:<id>' or 'session:<app>:<user>:<session>'), ARGV[2] run_id ('' for session),
 # ARGV[3] mode, ARGV[4] reason, ARGV[5] requested_by, ARGV[6] waiter node ('' = no wait),
 # ARGV[7] caller node, ARGV[8] retention_ms, ARGV[9] pub command, ARGV[10] cause (who asked:
-# user | client_disconnect | node_shutdown | parent), ARGV[11] tree ('1': its descendants too)
+# user | client_disconnect | node_shutdown | parent), ARGV[11] tree ('1': its descendants too),
+# ARGV[12] request id (unique per call; a call redis-py repeats because its answer was lost
+# finds the run its first run reached and answers for it — and its tree — as they now stand:
+# stopping while active, else how it ended)
 # The target's run, and with `tree` every run started below it (cause 'parent'), deepest first:
 # each as cancel_one does it. The owner is told on its channel, in a message bound to it (its
 # node id and epoch) and to the run — not when the caller is the owner: it sets the token itself.
@@ -605,15 +622,34 @@ local target_key = KEYS[1]
 local target, run_id, mode, reason, by = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local waiter, caller = ARGV[6], ARGV[7]
 local retention_ms, pub, cause, tree = tonumber(ARGV[8]), ARGV[9], ARGV[10], ARGV[11]
+local request_key = key_cancel_request(ARGV[12])
+local reached = redis.call('GET', request_key)
+if reached then  -- this very call ran before: its answer was lost, redis-py sent it again
+  if reached == '-' then return reply({'not_found'}) end
+  local below = {}
+  if tree == '1' then
+    for _, kid in ipairs(descendants(reached)) do
+      local a = standing(kid)
+      table.insert(below, {kid, a[1], a[2]})
+    end
+  end
+  local a = standing(reached)
+  return reply({a[1], a[2], a[3], below})
+end
+local function remember(id)
+  redis.call('SET', request_key, id, 'PX', math.min(__REQUEST_MEMORY_MS__, retention_ms))
+end
 local by_session = string.sub(target, 1, #SESSION_PREFIX) == SESSION_PREFIX
 if by_session then
   run_id = redis.call('GET', target_key)
-  if not run_id then return reply({'not_found'}) end
+  if not run_id then remember('-'); return reply({'not_found'}) end
 end
 local st = redis.call('HGET', key_run(run_id), 'status')
 if (not st) or (by_session and not ACTIVE[st]) then  -- a session has no *active* run
+  remember('-')
   return reply({'not_found'})
 end
+remember(run_id)
 local below = {}
 if tree == '1' then
   for _, kid in ipairs(descendants(run_id)) do

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import secrets
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, cast
@@ -262,9 +263,13 @@ class RunStore:
         waiter: str,
         caller: str,
         tree: bool = True,
+        request_id: str | None = None,
     ) -> CancelAnswer:
         """The run (or the session's active run) and, with ``tree``, every run started below it:
-        cancel requests recorded, owners told. The answer lists the descendants deepest first."""
+        cancel requests recorded, owners told. The answer lists the descendants deepest first.
+        The call carries a request id (fresh unless given): if redis-py sends it again after its
+        answer was lost, the script answers for the run the first send reached, as it now
+        stands."""
         key = self.keys.run(run_id) if run_id is not None else self.keys.session(*session or ())
         reply, sent = await self._eval_notifying(
             "request_cancel",
@@ -281,6 +286,7 @@ class RunStore:
                 self._script_pub,
                 cause.value,
                 "1" if tree else "0",
+                request_id or secrets.token_hex(12),
             ],
         )
         if len(reply) == 1:

@@ -369,6 +369,43 @@ async def test_a_namespace_wide_silence_costs_a_lease_one_interval_at_most(
     assert await store.reap(100) == (1, 1, False)
 
 
+async def test_a_cancel_sent_again_after_its_answer_was_lost_answers_for_what_it_did(
+    store: RunStore,
+) -> None:
+    """redis-py repeats a call whose connection died before the answer came back: the repeat
+    must not answer from the state the first send created (the chaos suite's long profile saw a
+    session cancel recorded, then answered not_found once the run it cancelled had ended)."""
+    epoch = await _node(store)
+    session = ("app", "u", "s")
+
+    async def session_cancel(request_id: str) -> str:
+        answer = await store.request_cancel(
+            run_id=None,
+            session=session,
+            target="session:app:u:s",
+            mode=CancelMode.CHECKPOINT,
+            reason="stop",
+            requested_by="tester",
+            cause=StopCause.USER,
+            waiter="",
+            caller="caller",
+            request_id=request_id,
+        )
+        return answer.code
+
+    await _start(store, "r1", "n1", epoch, session)
+    assert await session_cancel("q1") == "stopping"
+    assert await session_cancel("q1") == "stopping"  # the same request, the run still going
+    code, status, _ = await _finish(store, "r1", "n1", epoch, RunStatus.CANCELLED)
+    assert (code, status) == ("ok", "cancelled")
+    assert await session_cancel("q1") == "cancelled"  # not "not_found": it was this request's
+    assert await session_cancel("q2") == "not_found"  # a new request finds no active run
+    await _start(store, "r2", "n1", epoch, session)
+    assert await session_cancel("q2") == "not_found"  # nor does its repeat take the next run
+    record = await store.get_run("r2")
+    assert record is not None and record.cancel_requested_at is None
+
+
 async def test_a_run_is_recorded_cancelled_only_if_someone_asked(store: RunStore) -> None:
     epoch = await _node(store)
     for run_id in ("plain", "fenced", "unreachable", "drained", "asked"):
@@ -436,6 +473,7 @@ async def test_the_scripts_name_every_key_as_keyspace_does(
         "user_id": "u@x",
         "session_id": "s=1",
         "tombstone_id": "t1",
+        "request_id": "q1",
     }
     for kind, template in KEY_TEMPLATES.items():
         fields = re.findall(r"{(\w+)}", template)

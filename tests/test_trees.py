@@ -130,3 +130,29 @@ async def test_detached_runs_and_explicit_parents(make_bus: BusFactory) -> None:
 
 async def _holds(runs: list[LoopingRun], count: int) -> bool:
     return len(runs) >= count
+
+
+async def test_runs_nested_in_one_task_are_each_recorded_cancelled_by_an_immediate_cancel(
+    make_bus: BusFactory,
+) -> None:
+    a, b = await make_bus(), await make_bus()
+    ids: list[str] = []
+    inner_open = asyncio.Event()
+
+    async def nested() -> None:
+        async with a.run() as outer:
+            ids.append(outer.run_id)
+            async with a.run() as inner:  # the same task: its child
+                ids.append(inner.run_id)
+                inner_open.set()
+                await asyncio.sleep(3600)
+
+    task = asyncio.create_task(nested())
+    await asyncio.wait_for(inner_open.wait(), WAIT)
+    result = await b.cancel(ids[0], mode="immediate", timeout=WAIT)
+    assert result.outcome is Outcome.CANCELLED
+    await asyncio.wait_for(task, WAIT)  # the outer scope swallowed the last of the two
+    for run_id in ids:
+        record = await b.get_run(run_id)
+        assert record is not None and record.status is RunStatus.CANCELLED
+        assert record.error is None and record.end_reason == "cancelled"
