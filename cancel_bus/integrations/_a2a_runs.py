@@ -37,6 +37,7 @@ TASK_APP = "a2a"
 TASK_SESSION = "task"
 CANCEL_REASON = "A2A tasks/cancel"
 RELAY_EVENT = "a2a"  # the relayed events' type
+LEAKED_EVENT = "a2a_event"  # what a task's executor did after its run ended (a leak)
 WATCH_SLICE_SECONDS = 60.0
 CANCEL_PENDING = "Cancel requested; the task stops at its next checkpoint."
 OWNER_LOST = "The replica running the task was lost; the task is canceled."

@@ -15,13 +15,19 @@ stored ``canceled``), ``TaskNotFoundError`` for an unknown task, ``TaskNotCancel
 task that ended otherwise, and the stored task again for one already canceled. A task whose
 replica died is ended ``canceled`` by the replica that took the cancel. :class:`BusTaskStore`
 keeps tasks in the bus's Redis; a task that reached a terminal state keeps it.
+
+A call to another A2A agent made inside a run, with :func:`send_message`, is a child of that run:
+cancelling the run (or its tree) sends ``tasks/cancel`` for the remote task (``_a2a_calls.py``).
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any, cast
 
+from a2a.client import Client, ClientEvent
+from a2a.client.errors import A2AClientJSONRPCError
 from a2a.server.agent_execution import AgentExecutor, RequestContext
 from a2a.server.context import ServerCallContext
 from a2a.server.events import Event, EventQueue
@@ -45,19 +51,23 @@ from pydantic import TypeAdapter
 
 from cancel_bus import CancelBus, CancelMode, RunHandle
 
+from ._a2a_calls import Remote, TaskEnd, remote_call
 from ._a2a_runs import (
     CANCEL_PENDING,
+    LEAKED_EVENT,
     OWNER_LOST,
     RELAY_EVENT,
     TaskRuns,
     Verdict,
 )
 
-__all__ = ["BusRequestHandler", "BusTaskStore"]
+__all__ = ["BusRequestHandler", "BusTaskStore", "send_message"]
 
 TERMINAL = frozenset(
     {TaskState.completed, TaskState.canceled, TaskState.failed, TaskState.rejected}
 )
+# where a task's execution ends (a task waiting for input goes on with the next message)
+ENDS = TERMINAL | {TaskState.input_required, TaskState.auth_required}
 _TERMINAL_VALUES = sorted(state.value for state in TERMINAL)
 _EVENT: TypeAdapter[Event] = TypeAdapter(Event)
 
@@ -78,6 +88,53 @@ redis.call('HSET', task_key, 'state', state, 'task', task)
 redis.call('PEXPIRE', task_key, ttl_ms)
 return 1
 """
+
+
+@asynccontextmanager
+async def send_message(
+    bus: CancelBus,
+    client: Client,
+    message: Message,
+    *,
+    parent: str | None = None,
+    **options: Any,
+) -> AsyncIterator[AsyncIterator[ClientEvent | Message]]:
+    """``client.send_message(message, **options)`` as a bus run of its own, a child of the run
+    whose code calls it (or of the run id ``parent``), registered before the message is sent.
+
+    A cancel of that run (the tree cancel of the calling run, from any node) sends the remote
+    agent ``tasks/cancel`` for the task; the stream then goes on to the task's final status. The
+    call's run ends when the remote task has: ``cancelled`` once the remote agent said
+    ``canceled``. Leaving the block while the task goes on cancels it too: use a streaming
+    client (a blocking ``message/send`` cannot be cancelled before it answers, the task id unknown
+    until then; a non-blocking one answers at once). Raises ``RunCancelled`` if the parent's
+    cancel was already accepted."""
+
+    async def cancel(task_id: str) -> TaskEnd | None:
+        try:
+            task = await client.cancel_task(TaskIdParams(id=task_id))
+        except A2AClientJSONRPCError as exc:
+            if exc.error.code in (TaskNotCancelableError().code, TaskNotFoundError().code):
+                return TaskEnd.OTHER  # it ended otherwise, or is gone
+            raise
+        return _end_of(task.status.state)
+
+    events = cast(AsyncGenerator[ClientEvent | Message], client.send_message(message, **options))
+    async with remote_call(bus, events, Remote(_task_of, cancel), parent) as stream:
+        yield stream
+
+
+def _task_of(event: ClientEvent | Message) -> tuple[str | None, TaskEnd | None]:
+    if isinstance(event, Message):  # a direct answer: no task goes on
+        return event.task_id, TaskEnd.OTHER
+    task, _ = event
+    return task.id, _end_of(task.status.state)
+
+
+def _end_of(state: TaskState) -> TaskEnd | None:
+    if state is TaskState.canceled:
+        return TaskEnd.CANCELED
+    return TaskEnd.OTHER if state in ENDS else None
 
 
 class BusTaskStore(TaskStore):
@@ -225,7 +282,8 @@ class _TaskExecutor(AgentExecutor):
 
 class _TaskEvents(EventQueue):
     """What the wrapped executor writes to: each event goes to the task's queue and its relay;
-    once a cancel was requested, a final state other than failed becomes canceled."""
+    once a cancel was requested, a final state other than failed becomes canceled. An event
+    written after the task's run ended is a leak of the run (reported, and not relayed)."""
 
     def __init__(self, queue: EventQueue, run: RunHandle, *, relay: bool) -> None:
         super().__init__()
@@ -240,7 +298,10 @@ class _TaskEvents(EventQueue):
         return isinstance(final, TaskStatusUpdateEvent) and final.status.state is TaskState.canceled
 
     async def enqueue_event(self, event: Event) -> None:
-        if _is_final(event):
+        ended = self._run.final_status is not None
+        if ended:
+            self._run.report_leak(LEAKED_EVENT)
+        elif _is_final(event):
             if (
                 self._run.cancel_requested is not None
                 and isinstance(event, TaskStatusUpdateEvent)
@@ -250,7 +311,7 @@ class _TaskEvents(EventQueue):
                     update={"status": event.status.model_copy(update={"state": TaskState.canceled})}
                 )
             self.final = event
-        if self._relay:
+        if self._relay and not ended:
             self._run.emit_event(RELAY_EVENT, event.model_dump(mode="json", exclude_none=True))
         await self._queue.enqueue_event(event)
 

@@ -21,15 +21,20 @@ partial output. Here each execution of a task is a bus run instead (see ``_a2a_r
 pending (the task still ends ``CANCELED``), ``TaskNotFoundError``, ``TaskNotCancelableError``
 (REST 400 ``TASK_NOT_CANCELABLE``) for a task that ended otherwise, the stored task again for one
 already canceled, and ``CANCELED`` for a task whose replica died.
+
+A call to another A2A agent made inside a run, with :func:`send_message`, is a child of that run:
+cancelling the run (or its tree) sends ``CancelTask`` for the remote task (``_a2a_calls.py``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any, cast
 
+from a2a.client import Client
 from a2a.helpers import new_text_message
 from a2a.server.agent_execution import AgentExecutor, RequestContext
 from a2a.server.agent_execution.active_task import INTERRUPTED_TASK_STATES, TERMINAL_TASK_STATES
@@ -48,6 +53,8 @@ from a2a.types.a2a_pb2 import (
     CancelTaskRequest,
     ListTasksRequest,
     ListTasksResponse,
+    SendMessageRequest,
+    StreamResponse,
     SubscribeToTaskRequest,
     Task,
     TaskState,
@@ -58,13 +65,63 @@ from a2a.utils.errors import TaskNotCancelableError, TaskNotFoundError, Unsuppor
 
 from cancel_bus import CancelBus, CancelMode, RunHandle
 
-from ._a2a_runs import CANCEL_PENDING, OWNER_LOST, TaskRuns, Verdict
+from ._a2a_calls import Remote, TaskEnd, remote_call
+from ._a2a_runs import CANCEL_PENDING, LEAKED_EVENT, OWNER_LOST, TaskRuns, Verdict
 
-__all__ = ["BusRequestHandler"]
+__all__ = ["BusRequestHandler", "send_message"]
 
 CANCELED = TaskState.TASK_STATE_CANCELED
 ENDS = TERMINAL_TASK_STATES | INTERRUPTED_TASK_STATES  # the states an execution ends in
 STORE_TIMEOUT = 5.0  # how long an execution waits for its end to be stored
+
+
+@asynccontextmanager
+async def send_message(
+    bus: CancelBus,
+    client: Client,
+    request: SendMessageRequest,
+    *,
+    parent: str | None = None,
+    **options: Any,
+) -> AsyncIterator[AsyncIterator[StreamResponse]]:
+    """``client.send_message(request, **options)`` as a bus run of its own, a child of the run
+    whose code calls it (or of the run id ``parent``), registered before the message is sent.
+
+    A cancel of that run (the tree cancel of the calling run, from any node) sends the remote
+    agent ``CancelTask`` for the task; the stream then goes on to the task's final status. The
+    call's run ends when the remote task has: ``cancelled`` once the remote agent said
+    ``CANCELED``. Leaving the block while the task goes on cancels it too: use a streaming
+    client (a blocking ``SendMessage`` cannot be cancelled before it answers, the task id unknown
+    until then; a non-blocking one answers at once). Raises ``RunCancelled`` if the parent's
+    cancel was already accepted."""
+
+    async def cancel(task_id: str) -> TaskEnd | None:
+        try:
+            task = await client.cancel_task(CancelTaskRequest(id=task_id))
+        except (TaskNotCancelableError, TaskNotFoundError):
+            return TaskEnd.OTHER  # it ended otherwise, or is gone
+        return _end_of(task.status.state)
+
+    events = cast(AsyncGenerator[StreamResponse], client.send_message(request, **options))
+    async with remote_call(bus, events, Remote(_task_of, cancel), parent) as stream:
+        yield stream
+
+
+def _task_of(response: StreamResponse) -> tuple[str | None, TaskEnd | None]:
+    kind = response.WhichOneof("payload")
+    if kind == "task":
+        return response.task.id, _end_of(response.task.status.state)
+    if kind == "status_update":
+        return response.status_update.task_id, _end_of(response.status_update.status.state)
+    if kind == "artifact_update":
+        return response.artifact_update.task_id, None
+    return response.message.task_id or None, TaskEnd.OTHER  # a direct answer: no task goes on
+
+
+def _end_of(state: TaskState) -> TaskEnd | None:
+    if state == CANCELED:
+        return TaskEnd.CANCELED
+    return TaskEnd.OTHER if state in ENDS else None
 
 
 class BusRequestHandler(DefaultRequestHandlerV2):
@@ -233,7 +290,8 @@ class _TaskExecutor(AgentExecutor):
 
 class _TaskEvents(EventQueue):
     """What the wrapped executor writes to: once a cancel was requested, an end other than
-    failed becomes canceled."""
+    failed becomes canceled. An event written after the task's run ended is a leak of the run
+    (reported)."""
 
     def __init__(self, queue: EventQueue, run: RunHandle) -> None:
         self._queue = queue
@@ -245,7 +303,9 @@ class _TaskEvents(EventQueue):
         return self.final is not None and self.final.status.state == CANCELED
 
     async def enqueue_event(self, event: Event) -> None:
-        if isinstance(event, TaskStatusUpdateEvent) and event.status.state in ENDS:
+        if self._run.final_status is not None:
+            self._run.report_leak(LEAKED_EVENT)
+        elif isinstance(event, TaskStatusUpdateEvent) and event.status.state in ENDS:
             if (
                 self._run.cancel_requested is not None
                 and event.status.state != TaskState.TASK_STATE_FAILED

@@ -168,6 +168,16 @@ class _LocalRun:
         self.pending_calls.difference_update(r.id for r in event.get_function_responses())
         self.at_boundary = not self.pending_calls
 
+    def ended_cancelled(self) -> None:
+        """trpc-agent ended the run as a cancelled one (``AgentCancelledEvent``), maybe without a
+        checkpoint of ours: stopped through its cancel Event (its remote A2A agent). A cancel of
+        ours that reached it is then what it observed."""
+        if self.observed is None and self.handle.cancel_requested is not None:
+            try:
+                self.handle.turn_boundary()
+            except RunCancelled as exc:
+                self.observed = exc
+
     def event(self) -> asyncio.Event:
         """The Event set when a cancel (other than ``after_turn``) is delivered."""
         if not self.watching:
@@ -559,6 +569,8 @@ async def _followed(
                 if start.run is not None:
                     start.run.track(event)
                 if isinstance(event, AgentCancelledEvent):
+                    if start.run is not None:
+                        start.run.ended_cancelled()
                     # only its cleanup follows: run it now, not when the consumer's reference is
                     # collected (trpc-agent's A2A executors return without closing the stream)
                     await events.aclose()

@@ -1,19 +1,25 @@
 """A2A (a2a-sdk 0.3) across OS processes: trpc-agent's A2A service on replicas A and B (and a
 third that dies), one real Redis, driven by the real a2a-sdk client. The task runs on A; the
 requests go to A (the owner) or B (another replica). What the spec's cancel section asks, on
-every replica."""
+every replica; and an A2A call made inside a run (``send_message``), canceled with the run."""
 
 from __future__ import annotations
 
 import asyncio
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 import httpx
 import pytest
 from a2a.client import Client
 from a2a.client.errors import A2AClientJSONRPCError
+from a2a.server.agent_execution import AgentExecutor, RequestContext
+from a2a.server.events import EventQueue
+from a2a.server.tasks import TaskUpdater
 from a2a.types import (
+    MessageSendParams,
+    Part,
     Task,
     TaskArtifactUpdateEvent,
     TaskIdParams,
@@ -24,17 +30,35 @@ from a2a.types import (
     TaskStatusUpdateEvent,
     TextPart,
 )
+from trpc_agent_sdk.configs import RunConfig
+from trpc_agent_sdk.events import AgentCancelledEvent, Event
+from trpc_agent_sdk.runners import Runner
+from trpc_agent_sdk.server.a2a import TrpcRemoteA2aAgent
+from trpc_agent_sdk.sessions import InMemorySessionService
+from trpc_agent_sdk.types import Content
+from trpc_agent_sdk.types import Part as TrpcPart
 
-from cancel_bus import CancelBus, RunInfo, RunStatus
-from cancel_bus.integrations._a2a_runs import CANCEL_PENDING, OWNER_LOST, TASK_APP, task_session
+from cancel_bus import CancelBus, Outcome, RunHandle, RunInfo, RunStatus, StopCause
+from cancel_bus.integrations import trpc_agent
+from cancel_bus.integrations._a2a_calls import PHASE
+from cancel_bus.integrations._a2a_runs import (
+    CANCEL_PENDING,
+    LEAKED_EVENT,
+    OWNER_LOST,
+    TASK_APP,
+    task_session,
+)
+from cancel_bus.integrations.a2a import BusRequestHandler, BusTaskStore, send_message
 from node.embedded import EmbeddedServer
 
 from ..conftest import BusFactory
 from ..helpers import WAIT, eventually
-from .a2a_support import Stream, client, streaming, submit
+from .a2a_support import CANCEL_TIMEOUT, Stream, client, message, streaming, submit
 from .conftest import TRPC_REPLICA
+from .docs_examples import example
 from .replica import Replica, running
-from .trpc_support import APP, GATED
+from .tree_support import Call, children, remote_call
+from .trpc_support import APP, BOSS, GATED
 
 WHERE = ["owner", "other"]
 
@@ -303,3 +327,301 @@ async def test_a_bus_cancel_of_a_task_honours_each_mode(
     assert run.app_name == TASK_APP
     if mode == "immediate":
         await tasks.open(context)
+
+
+async def canceled_remotely(tasks: Tasks, ops: CancelBus, call: Call) -> None:
+    """The remote task of ``call`` was canceled and its agent stopped at a checkpoint, and the
+    call's run was recorded cancelled as the caller's child."""
+    assert await tasks.states(call.task_id) == [TaskState.canceled] * 2
+    remote = await tasks.get(call.task_id)
+    assert text(remote).startswith("t0 ")  # it had streamed when the cancel came
+    agent = await agent_run(ops, remote.context_id)
+    assert (agent.status, agent.end_reason) == (RunStatus.CANCELLED, "cancelled")
+    final = await ops.wait(call.run.run_id, timeout=WAIT)
+    assert final is not None
+    assert (final.status, final.end_reason, final.cancel_cause, final.parent) == (
+        RunStatus.CANCELLED,
+        "cancelled",
+        StopCause.PARENT,
+        call.caller.run_id,
+    )
+
+
+async def test_tasks_cancel_of_a_task_cancels_the_remote_task_its_agent_called(
+    tasks: Tasks, ops: CancelBus, http: httpx.AsyncClient
+) -> None:
+    """Agent X (the boss, served at ``/x/``) calls agent Y (the streamer of B, another process)
+    inside its run, with ``send_message``. ``tasks/cancel`` of X's task on B (not X's owner)
+    cancels X's run, which sends ``tasks/cancel`` for Y's task: both end ``canceled``."""
+    context = f"x-{uuid.uuid4().hex[:8]}"
+    x = Stream(client(http, f"{tasks.a.url}/x/"), f"ask_remote {tasks.b.url}/a2a/", context)
+    call = await remote_call(ops, BOSS, f"A2A_USER_{context}")
+    await streaming(tasks.client(), call.task_id)
+    assert x.task_id
+
+    canceled = await client(http, f"{tasks.b.url}/x/").cancel_task(TaskIdParams(id=x.task_id))
+
+    assert canceled.status.state is TaskState.canceled
+    assert await x.final_state() is TaskState.canceled
+    await canceled_remotely(tasks, ops, call)
+
+
+async def test_a_bus_cancel_of_a_run_answers_for_the_remote_task_it_called(
+    tasks: Tasks, ops: CancelBus, http: httpx.AsyncClient
+) -> None:
+    """The boss's run (trpc-agent, on A) calls Y (on B); the test's bus, another node, cancels
+    the run: the answer lists the call, ``cancelled`` once Y's task is ``canceled``."""
+    user, session = f"u-{uuid.uuid4().hex[:8]}", "s"
+    body = {"app": BOSS, "user": user, "session": session}
+    started = await http.post(
+        f"{tasks.a.url}/trpc/runs", json={**body, "command": f"ask_remote {tasks.b.url}/a2a/"}
+    )
+    started.raise_for_status()
+    call = await remote_call(ops, BOSS, user)
+    await streaming(tasks.client(), call.task_id)
+
+    result = await ops.cancel_session(BOSS, user, session, timeout=WAIT)
+
+    assert result.outcome is Outcome.CANCELLED
+    assert [(r.outcome, r.run.run_id if r.run else None) for r in result.descendants] == [
+        (Outcome.CANCELLED, call.run.run_id)
+    ]
+    await canceled_remotely(tasks, ops, call)
+
+
+class Caller:
+    """A run of ``bus`` whose code calls A's streamer (another process) with ``send_message``:
+    ``stream``, or ``hold`` (no checkpoint until its gate opens); it reads the task's events
+    (leaving the block at the first artifact if ``leave_early``), then reaches a turn boundary."""
+
+    def __init__(self, bus: CancelBus, tasks: Tasks, command: str, leave_early: bool = False):
+        self.bus, self.tasks = bus, tasks
+        self.context = f"hold-{uuid.uuid4().hex[:8]}"  # the gate of a "hold"
+        self.streaming = asyncio.Event()
+        self.remote: Task | None = None
+        self.runs: list[RunHandle] = []
+        self.done = asyncio.create_task(self._code(command, leave_early))
+
+    async def _code(self, command: str, leave_early: bool) -> None:
+        request = message(command, self.context)
+        async with self.bus.run() as run:
+            self.runs.append(run)
+            async with send_message(self.bus, self.tasks.client(), request) as events:
+                async for task, update in events:
+                    self.remote = task
+                    if isinstance(update, TaskArtifactUpdateEvent):
+                        self.streaming.set()
+                        if leave_early:
+                            break
+            run.turn_boundary()
+
+    async def started(self) -> tuple[str, RunInfo]:
+        """Once the remote agent streams: the caller's run id, and the call's run."""
+        await asyncio.wait_for(self.streaming.wait(), WAIT)
+        root = await self.bus.get_run(self.runs[0].run_id)
+        assert root is not None
+        [call] = await children(self.bus, root)
+        return root.run_id, call
+
+    async def ended(self, call: RunInfo) -> tuple[TaskState, RunInfo]:
+        """Once the caller's code ended: the remote task's state (the same on A and B), and how
+        the call's run ended."""
+        await asyncio.wait_for(self.done, WAIT)
+        assert self.remote is not None
+        [state, same] = await self.tasks.states(self.remote.id)
+        assert same is state
+        final = await self.bus.wait(call.run_id, timeout=WAIT)
+        assert final is not None and final.phase == f"{PHASE}{self.remote.id}"
+        return state, final
+
+
+# How the remote task and the call's run end when the caller's run is cancelled in each mode
+# (the remote agent streams, or for after_turn holds at its gate), or when the caller leaves the
+# block early without a cancel.
+CALL_ENDS = {
+    "checkpoint": (TaskState.canceled, RunStatus.CANCELLED, "cancelled"),
+    "immediate": (TaskState.canceled, RunStatus.CANCELLED, "cancelled"),
+    "after_turn": (TaskState.completed, RunStatus.CANCELLED, "completed"),  # no CancelTask
+    "break": (TaskState.canceled, RunStatus.SUCCEEDED, "completed"),  # nobody cancelled the call
+}
+
+
+@pytest.mark.parametrize("case", CALL_ENDS)
+async def test_send_message_cancels_the_remote_task_as_the_mode_asks(
+    tasks: Tasks, make_bus: BusFactory, case: str
+) -> None:
+    """Another bus cancels the caller's run, or the caller leaves the block early."""
+    bus = await make_bus()
+    caller = Caller(bus, tasks, "hold" if case == "after_turn" else "stream", case == "break")
+    root, call = await caller.started()
+    other = await make_bus()
+    if case in ("checkpoint", "immediate"):
+        result = await other.cancel(root, mode=case, timeout=WAIT)
+        assert [r.outcome for r in (result, *result.descendants)] == [Outcome.CANCELLED] * 2
+    elif case == "after_turn":
+        await other.cancel(root, mode=case, wait=False)
+        await tasks.open(caller.context)  # the remote agent completes: the call was in the turn
+
+    state, final = await caller.ended(call)
+
+    assert (state, final.status, final.end_reason) == CALL_ENDS[case]
+    if case == "break":
+        await tasks.open(caller.context)
+
+
+async def test_a_call_whose_remote_task_is_slow_to_stop_answers_stopping_until_it_has(
+    tasks: Tasks, make_bus: BusFactory
+) -> None:
+    """The remote agent reaches no checkpoint until its gate opens: its ``tasks/cancel`` answers
+    ``working`` (cancel pending); the call, still streaming, stays ``stopping`` until the remote
+    task ends ``canceled``."""
+    bus = await make_bus()
+    caller = Caller(bus, tasks, "hold")
+    root, call = await caller.started()
+    other = await make_bus()
+
+    result = await other.cancel(root, timeout=CANCEL_TIMEOUT + 2.0)  # past the remote's answer
+
+    assert [r.outcome for r in (result, *result.descendants)] == [Outcome.STOPPING] * 2
+    await tasks.open(caller.context)
+    state, final = await caller.ended(call)
+    assert (state, final.status, final.end_reason) == (
+        TaskState.canceled,
+        RunStatus.CANCELLED,
+        "cancelled",
+    )
+
+
+async def test_a_call_left_with_its_remote_task_still_working_records_why(
+    tasks: Tasks, make_bus: BusFactory
+) -> None:
+    """An immediate cancel interrupts the caller's read; the remote agent answers its
+    ``tasks/cancel`` with the task still working: the call's run ends with an error saying so
+    (nobody follows the task any more), and the task still ends ``canceled``."""
+    bus = await make_bus()
+    caller = Caller(bus, tasks, "hold")
+    root, call = await caller.started()
+    other = await make_bus()
+
+    await other.cancel(root, mode="immediate", wait=False)
+
+    state, final = await caller.ended(call)
+    assert (state, final.status, final.end_reason) == (
+        TaskState.working,
+        RunStatus.CANCELLED,
+        "error",
+    )
+    assert final.error is not None and "was not seen to end" in final.error
+    await tasks.open(caller.context)
+
+    async def canceled() -> bool:
+        return await tasks.states(caller.remote.id) == [TaskState.canceled] * 2  # type: ignore[union-attr]
+
+    await eventually(canceled)
+
+
+class LeakyExecutor(AgentExecutor):
+    """Completes its task at once, and leaves a writer behind that adds an artifact once
+    ``late`` is set: after its task's run ended."""
+
+    def __init__(self) -> None:
+        self.late = asyncio.Event()
+        self.writer: asyncio.Task[None] | None = None
+
+    async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
+        updater = TaskUpdater(event_queue, context.task_id or "", context.context_id or "")
+        await updater.submit()
+        await updater.complete()
+
+        async def write_late() -> None:
+            await asyncio.wait_for(self.late.wait(), WAIT)
+            await updater.add_artifact([Part(root=TextPart(text="late"))])
+
+        self.writer = asyncio.create_task(write_late())
+
+    async def cancel(self, context: RequestContext, event_queue: EventQueue) -> None:
+        raise NotImplementedError
+
+
+async def test_an_event_the_executor_writes_after_its_tasks_run_ended_is_a_leak(
+    make_bus: BusFactory,
+) -> None:
+    bus = await make_bus()
+    executor = LeakyExecutor()
+    handler = BusRequestHandler(bus, agent_executor=executor, task_store=BusTaskStore(bus))
+    task = await handler.on_message_send(MessageSendParams(message=message("hello")))
+    assert isinstance(task, Task) and task.status.state is TaskState.completed
+    run = await task_run(bus, task.id)
+    ended = await bus.wait(run.run_id, timeout=WAIT)
+    assert ended is not None and ended.status is RunStatus.SUCCEEDED
+
+    executor.late.set()
+    assert executor.writer is not None
+    await asyncio.wait_for(executor.writer, WAIT)
+
+    async def recorded() -> bool:
+        info = await bus.get_run(run.run_id)
+        return info is not None and info.leaked_after_cancel is not None
+
+    await eventually(recorded)
+    info = await bus.get_run(run.run_id)
+    assert info is not None and info.leaked_after_cancel is not None
+    assert info.leaked_after_cancel["calls"] == {LEAKED_EVENT: 1}
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # trpc-agent's use of a2a-sdk
+async def test_trpc_agents_remote_agent_cancels_its_remote_task_on_a_cancel_from_any_node(
+    tasks: Tasks, make_bus: BusFactory, ops: CancelBus
+) -> None:
+    """trpc-agent's own ``TrpcRemoteA2aAgent`` (the run's agent, on the test's bus) sends
+    ``tasks/cancel`` itself when its run's cancel Event is set: a ``checkpoint`` cancel from
+    another node reaches it, the remote task (on B) ends ``canceled``, and the run is recorded
+    ``cancelled`` though it stopped on that Event rather than at a checkpoint."""
+    bus = await make_bus()
+    trpc_agent.install(bus)
+    try:
+        remote = TrpcRemoteA2aAgent(name="remote", agent_base_url=f"{tasks.b.url}/a2a/")
+        assert await remote.initialize()
+        runner = Runner(app_name="relay", agent=remote, session_service=InMemorySessionService())
+        session = f"relay-{uuid.uuid4().hex[:8]}"  # the remote task's context
+        await runner.session_service.create_session(
+            app_name="relay", user_id="u", session_id=session
+        )
+        streaming_now = asyncio.Event()
+
+        async def consume() -> list[Event]:
+            events: list[Event] = []
+            question = Content(role="user", parts=[TrpcPart.from_text(text="stream")])
+            config = RunConfig(streaming=True)
+            async for event in runner.run_async(
+                user_id="u", session_id=session, new_message=question, run_config=config
+            ):
+                events.append(event)
+                streaming_now.set()
+            return events
+
+        consuming = asyncio.create_task(consume())
+        await asyncio.wait_for(streaming_now.wait(), WAIT)
+
+        result = await ops.cancel_session("relay", "u", session, timeout=WAIT)
+
+        assert result.outcome is Outcome.CANCELLED
+        assert result.run is not None
+        assert (result.run.status, result.run.end_reason) == (RunStatus.CANCELLED, "cancelled")
+        assert isinstance((await asyncio.wait_for(consuming, WAIT))[-1], AgentCancelledEvent)
+        agent = await agent_run(ops, session)  # the remote agent's run, on B
+        final = await ops.wait(agent.run_id, timeout=WAIT)
+        assert final is not None and (final.status, final.end_reason) == (
+            RunStatus.CANCELLED,
+            "cancelled",
+        )
+        await runner.close()
+    finally:
+        trpc_agent.uninstall()
+
+
+async def test_the_docs_call_example_runs(tasks: Tasks, redis_url: str, capsys: Any) -> None:
+    await example("a2a-call")(redis_url, f"{tasks.b.url}/a2a/")
+    printed = capsys.readouterr().out.splitlines()
+    assert any(line.startswith(f"cancelled cancelled {PHASE}") for line in printed)
+    assert "canceled" in printed

@@ -1,41 +1,57 @@
 """A2A (a2a-sdk 1.x) across OS processes: trpc-agent's ``a2a_v1`` service on replicas A and B
 (and a third that dies) sharing a task store, one real Redis, driven by the real a2a-sdk client.
-The task runs on A; the requests go to A (the owner) or B. Collected only where a2a-sdk 1.x is
-installed (see conftest.py)."""
+The task runs on A; the requests go to A (the owner) or B; an A2A call made inside a run
+(``send_message``) is canceled with the run. Collected only where a2a-sdk 1.x is installed (see
+conftest.py)."""
 
 from __future__ import annotations
 
 import asyncio
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 import httpx
 import pytest
-from a2a.client import Client, ClientConfig, ClientFactory
+from a2a.client import Client
+from a2a.server.agent_execution import AgentExecutor, RequestContext
+from a2a.server.context import ServerCallContext
+from a2a.server.events import EventQueue
+from a2a.server.tasks import InMemoryTaskStore, TaskUpdater
 from a2a.types import (
+    Artifact,
     CancelTaskRequest,
     GetTaskRequest,
-    Message,
     Part,
-    Role,
     SendMessageRequest,
     StreamResponse,
     SubscribeToTaskRequest,
     Task,
+    TaskArtifactUpdateEvent,
     TaskState,
+    TaskStatus,
 )
 from a2a.utils.errors import TaskNotCancelableError, TaskNotFoundError
 
-from cancel_bus import CancelBus, RunInfo, RunStatus
-from cancel_bus.integrations._a2a_runs import CANCEL_PENDING, OWNER_LOST, task_session
+from cancel_bus import CancelBus, Outcome, RunInfo, RunStatus, StopCause
+from cancel_bus.integrations._a2a_calls import PHASE
+from cancel_bus.integrations._a2a_runs import (
+    CANCEL_PENDING,
+    LEAKED_EVENT,
+    OWNER_LOST,
+    task_session,
+)
+from cancel_bus.integrations.a2a_v1 import BusRequestHandler
 from node.embedded import EmbeddedServer
 
 from ..conftest import BusFactory
 from ..helpers import WAIT, eventually
-from .a2a_v1_replica import card
+from .a2a_v1_replica import card, client, send_request
 from .conftest import A2A_V1_REPLICA
+from .docs_examples import example
 from .replica import Replica, running
-from .trpc_support import APP, GATED
+from .tree_support import remote_call
+from .trpc_support import APP, BOSS, GATED
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 WHERE = ["owner", "other"]
@@ -58,21 +74,6 @@ async def ops(make_bus: BusFactory) -> CancelBus:
     return await make_bus()
 
 
-def client(http: httpx.AsyncClient, url: str, *, streaming: bool = True) -> Client:
-    config = ClientConfig(streaming=streaming, polling=not streaming, httpx_client=http)
-    return ClientFactory(config).create(card(url))
-
-
-def request(text: str, context_id: str = "") -> SendMessageRequest:
-    message = Message(
-        role=Role.ROLE_USER,
-        parts=[Part(text=text)],
-        message_id=uuid.uuid4().hex,
-        context_id=context_id,
-    )
-    return SendMessageRequest(message=message)
-
-
 class Stream:
     """A streaming ``SendMessage`` in the background; ``started`` once the agent streams."""
 
@@ -80,7 +81,7 @@ class Stream:
         self.responses: list[StreamResponse] = []
         self.task_id = ""
         self.working = asyncio.Event()
-        self.done = asyncio.create_task(self._consume(client, request(text, context_id)))
+        self.done = asyncio.create_task(self._consume(client, send_request(text, context_id)))
 
     async def _consume(self, client: Client, request: SendMessageRequest) -> None:
         async for response in client.send_message(request):
@@ -123,7 +124,8 @@ class Tasks:
     async def submit(self, text: str, context_id: str = "") -> str:
         """A non-blocking ``SendMessage`` on A: the task's id as soon as it exists."""
         [response] = [
-            r async for r in self.client(streaming=False).send_message(request(text, context_id))
+            r
+            async for r in self.client(streaming=False).send_message(send_request(text, context_id))
         ]
         return response.task.id
 
@@ -258,7 +260,8 @@ async def test_a_task_whose_replica_died_ends_canceled(
     tasks: Tasks, victim: Replica, http: httpx.AsyncClient
 ) -> None:
     [response] = [
-        r async for r in client(http, victim.url, streaming=False).send_message(request("hold"))
+        r
+        async for r in client(http, victim.url, streaming=False).send_message(send_request("hold"))
     ]
     task_id = response.task.id
     await tasks.streaming(task_id)
@@ -338,3 +341,112 @@ async def test_a_bus_cancel_of_a_task_honours_each_mode(
     assert (run.status, run.end_reason, run.cancel_mode) == (RunStatus.CANCELLED, "cancelled", mode)
     if immediate:
         await tasks.open(context)
+
+
+@pytest.mark.parametrize("how", ["CancelTask", "bus"])
+async def test_cancelling_a_run_cancels_the_remote_task_its_agent_called(
+    tasks: Tasks, ops: CancelBus, http: httpx.AsyncClient, how: str
+) -> None:
+    """Agent X (the boss, served at ``/x``) calls agent Y (the streamer of B, another process)
+    inside its run, with ``send_message``. ``CancelTask`` of X's task on B (not X's owner), or a
+    bus cancel of X's run from the test's bus, cancels the run, which sends ``CancelTask`` for Y's
+    task: both end ``CANCELED``, and the bus answer lists the call."""
+    context = f"x-{uuid.uuid4().hex[:8]}"
+    x = Stream(client(http, f"{tasks.a.url}/x"), f"ask_remote {tasks.b.url}", context)
+    call = await remote_call(ops, BOSS, f"A2A_USER_{context}")
+    await tasks.streaming(call.task_id)
+    assert x.task_id
+
+    if how == "CancelTask":
+        canceled = await client(http, f"{tasks.b.url}/x").cancel_task(
+            CancelTaskRequest(id=x.task_id)
+        )
+        assert canceled.status.state == CANCELED
+    else:
+        result = await ops.cancel(call.caller.run_id, timeout=WAIT)
+        assert result.outcome is Outcome.CANCELLED
+        assert [(r.outcome, r.run.run_id if r.run else None) for r in result.descendants] == [
+            (Outcome.CANCELLED, call.run.run_id)
+        ]
+
+    assert await x.final_state() == CANCELED
+    assert await tasks.states(call.task_id) == [CANCELED] * 2
+    remote = await tasks.get(call.task_id)
+    assert text(remote).startswith("t0 ")  # it had streamed when the cancel came
+    agent = await agent_run(ops, remote.context_id)
+    assert (agent.status, agent.end_reason) == (RunStatus.CANCELLED, "cancelled")
+    final = await ops.wait(call.run.run_id, timeout=WAIT)
+    assert final is not None
+    assert (final.status, final.end_reason, final.cancel_cause, final.parent) == (
+        RunStatus.CANCELLED,
+        "cancelled",
+        StopCause.PARENT,
+        call.caller.run_id,
+    )
+
+
+class LeakyExecutor(AgentExecutor):
+    """Completes its task at once, and leaves a writer behind that adds an artifact once
+    ``late`` is set: after its task's run ended."""
+
+    def __init__(self) -> None:
+        self.late = asyncio.Event()
+        self.writer: asyncio.Task[None] | None = None
+
+    async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
+        task_id, context_id = context.task_id or "", context.context_id or ""
+        submitted = TaskStatus(state=TaskState.TASK_STATE_SUBMITTED)
+        await event_queue.enqueue_event(Task(id=task_id, context_id=context_id, status=submitted))
+        await TaskUpdater(event_queue, task_id, context_id).complete()
+
+        async def write_late() -> None:
+            await asyncio.wait_for(self.late.wait(), WAIT)
+            artifact = Artifact(artifact_id="late", parts=[Part(text="late")])
+            late = TaskArtifactUpdateEvent(
+                task_id=task_id, context_id=context_id, artifact=artifact
+            )
+            await event_queue.enqueue_event(late)
+
+        self.writer = asyncio.create_task(write_late())
+
+    async def cancel(self, context: RequestContext, event_queue: EventQueue) -> None:
+        raise NotImplementedError
+
+
+@pytest.mark.filterwarnings("ignore:A VersionedTaskStore was configured without an event_stream")
+async def test_an_event_the_executor_writes_after_its_tasks_run_ended_is_a_leak(
+    make_bus: BusFactory,
+) -> None:
+    bus = await make_bus()
+    executor = LeakyExecutor()
+    handler = BusRequestHandler(
+        bus,
+        agent_executor=executor,
+        task_store=InMemoryTaskStore(),
+        agent_card=card("http://127.0.0.1:1"),
+    )
+    task = await handler.on_message_send(send_request("hello"), ServerCallContext())
+    assert isinstance(task, Task) and task.status.state == TaskState.TASK_STATE_COMPLETED
+    run = await task_run(bus, task.id)
+    ended = await bus.wait(run.run_id, timeout=WAIT)
+    assert ended is not None and ended.status is RunStatus.SUCCEEDED
+
+    executor.late.set()
+    assert executor.writer is not None
+    await asyncio.wait_for(executor.writer, WAIT)
+
+    async def recorded() -> bool:
+        info = await bus.get_run(run.run_id)
+        return info is not None and info.leaked_after_cancel is not None
+
+    await eventually(recorded)
+    info = await bus.get_run(run.run_id)
+    assert info is not None and info.leaked_after_cancel is not None
+    assert info.leaked_after_cancel["calls"] == {LEAKED_EVENT: 1}
+
+
+async def test_the_docs_call_example_runs(tasks: Tasks, redis_url: str, capsys: Any) -> None:
+    await example("a2a-v1-call")(redis_url, tasks.b.url)
+    printed = capsys.readouterr().out.splitlines()
+    assert any(line.startswith(f"cancelled cancelled {PHASE}") for line in printed)
+    assert "TASK_STATE_CANCELED" in printed

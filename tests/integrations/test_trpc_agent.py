@@ -9,6 +9,7 @@ import concurrent.futures
 import contextvars
 import gc
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 from trpc_agent_sdk import cancel
@@ -19,6 +20,7 @@ from trpc_agent_sdk.types import Content, Part
 from cancel_bus.integrations import trpc_agent
 
 from ..helpers import WAIT, eventually
+from .docs_examples import example
 from .trpc_support import APP, LoopThread, TrpcNode, resolved
 
 
@@ -135,3 +137,9 @@ async def test_a_run_whose_stream_is_abandoned_ends(node_b: TrpcNode) -> None:
         return run is not None and not run.is_active
 
     await eventually(ended, timeout=2.0)  # a task of the asyncgen finalizer closes the stream
+
+
+async def test_the_docs_sub_agent_example_runs(redis_url: str, capsys: Any) -> None:
+    await example("trpc-sub-agent")(redis_url)
+    printed = capsys.readouterr().out.splitlines()
+    assert "cancelled cancelled parent" in printed and "AgentCancelledEvent" in printed

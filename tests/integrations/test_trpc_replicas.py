@@ -1,5 +1,6 @@
 """trpc-agent across OS processes: the agent runs on replica A, the cancel is sent to A (the
-owner) or B (another replica), through trpc-agent's own API or the bus in each mode."""
+owner) or B (another replica), through trpc-agent's own API or the bus in each mode; a sub-agent's
+run is a child of the run that started it, cancelled with it."""
 
 from __future__ import annotations
 
@@ -13,14 +14,15 @@ import pytest
 import redis.asyncio as aioredis
 from trpc_agent_sdk.cancel._session_utils import _CANCELING_SUFFIX
 
-from cancel_bus import CancelBus, RunInfo, RunStatus
+from cancel_bus import CancelBus, Outcome, RunInfo, RunStatus, StopCause
 from cancel_bus.integrations._held import HeldCancels
 from cancel_bus.integrations.trpc_agent import bus_session
 
 from ..conftest import BusFactory
 from ..helpers import WAIT, eventually
 from .replica import Replica
-from .trpc_support import APP, GATED
+from .tree_support import children
+from .trpc_support import APP, BOSS, GATED
 
 WHERE = ["owner", "other"]
 MARKER = f"\n\n{_CANCELING_SUFFIX}"
@@ -63,11 +65,10 @@ class TrpcRuns:
         response.raise_for_status()
         return response.json()
 
-    async def start(self, session: str, command: str) -> None:
+    async def start(self, session: str, command: str, app: str = APP) -> None:
         """Start a run on A; returns once ``run_async`` was called."""
-        await self.post(
-            self.a, "/trpc/runs", {"user": self.user, "session": session, "command": command}
-        )
+        body = {"app": app, "user": self.user, "session": session, "command": command}
+        await self.post(self.a, "/trpc/runs", body)
 
     async def streaming(self, session: str) -> None:
         await self.post(self.a, f"/trpc/runs/{self.user}/{session}/streaming")
@@ -76,8 +77,10 @@ class TrpcRuns:
         result: dict[str, Any] = await self.post(self.a, f"/trpc/runs/{self.user}/{session}/result")
         return result
 
-    async def cancel_run_async(self, where: str, session: str, timeout: float = WAIT) -> bool:
-        body = {"user": self.user, "session": session, "timeout": timeout}
+    async def cancel_run_async(
+        self, where: str, session: str, timeout: float = WAIT, app: str = APP
+    ) -> bool:
+        body = {"app": app, "user": self.user, "session": session, "timeout": timeout}
         answer: bool = (await self.post(self.at(where), "/trpc/cancel", body))["answer"]
         return answer
 
@@ -96,9 +99,9 @@ def runs(http: httpx.AsyncClient, trpc_replicas: list[Replica]) -> TrpcRuns:
     return TrpcRuns(http, trpc_replicas)
 
 
-async def record(ops: CancelBus, runs: TrpcRuns, session: str) -> RunInfo:
+async def record(ops: CancelBus, runs: TrpcRuns, session: str, app: str = APP) -> RunInfo:
     """The bus record of the session's (last) run."""
-    records = await ops.list_runs(status="all", app_name=APP, user_id=runs.user)
+    records = await ops.list_runs(status="all", app_name=app, user_id=runs.user)
     return next(run for run in records if run.session_id == session)
 
 
@@ -230,4 +233,46 @@ async def test_a_run_without_checkpoints_is_running_with_a_stop_pending_until_it
         RunStatus.CANCELLED,
         "completed",
         False,
+    )
+
+
+@pytest.mark.parametrize("how", ["bus", "cancel_run_async"])
+async def test_cancelling_a_run_stops_the_run_of_its_sub_agent(
+    runs: TrpcRuns, ops: CancelBus, how: str
+) -> None:
+    """The boss (an LlmAgent) calls the sub-agent ``helper`` through trpc-agent's ``AgentTool``:
+    a nested Runner, a run of its own on A, recorded as the boss's child. A cancel of the boss,
+    sent from another process, stops the helper's run first (at its checkpoint), then the boss."""
+    session = runs.session("boss")
+    await runs.start(session, "helper stream", app=BOSS)
+
+    async def helper_running() -> bool:
+        return bool(await children(ops, await record(ops, runs, session, BOSS)))
+
+    await eventually(helper_running)
+    root = await record(ops, runs, session, BOSS)
+    [helper] = await children(ops, root)
+    assert (helper.status, helper.owner) == (RunStatus.RUNNING, runs.a.node_id)
+
+    if how == "bus":  # the test's own bus: another node, another process
+        result = await ops.cancel_session(BOSS, runs.user, session, timeout=WAIT)
+        assert result.outcome is Outcome.CANCELLED
+        assert [(r.outcome, r.run.run_id if r.run else None) for r in result.descendants] == [
+            (Outcome.CANCELLED, helper.run_id)
+        ]
+    else:  # trpc-agent's own API, on replica B
+        assert await runs.cancel_run_async("other", session, app=BOSS) is True
+
+    assert (await runs.result(session))["cancelled"]  # the boss ended with AgentCancelledEvent
+    stopped = await ops.wait(helper.run_id, timeout=WAIT)
+    assert stopped is not None
+    assert (stopped.status, stopped.end_reason, stopped.cancel_cause) == (
+        RunStatus.CANCELLED,
+        "cancelled",  # at the helper's own checkpoint
+        StopCause.PARENT,
+    )
+    final = await ops.wait(root.run_id, timeout=WAIT)
+    assert final is not None and (final.status, final.end_reason) == (
+        RunStatus.CANCELLED,
+        "cancelled",
     )

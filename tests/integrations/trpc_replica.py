@@ -1,6 +1,8 @@
-"""A trpc-agent replica process (see replica.py): trpc-agent installed on its bus, a Runner of the
-scripted agent, trpc-agent's A2A service (a2a-sdk 0.3) under ``/a2a/``, its AG-UI service at
-``/agui`` (where ``ag-ui-protocol`` is installed), and control routes the tests drive it with."""
+"""A trpc-agent replica process (see replica.py): trpc-agent installed on its bus, Runners of the
+scripted agent and of the boss (app ``boss``: a sub-agent, and a remote A2A agent called through
+``cancel_bus.integrations.a2a.send_message``), trpc-agent's A2A service (a2a-sdk 0.3) of each,
+under ``/a2a/`` and ``/x/``, its AG-UI service at ``/agui`` (where ``ag-ui-protocol`` is
+installed), and control routes the tests drive it with."""
 
 from __future__ import annotations
 
@@ -10,7 +12,9 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+import httpx
 from a2a.server.apps import A2AStarletteApplication
+from a2a.types import Artifact, TaskArtifactUpdateEvent, TextPart
 from fastapi import FastAPI
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -20,16 +24,17 @@ from trpc_agent_sdk.configs import RunConfig
 from trpc_agent_sdk.events import AgentCancelledEvent, Event
 from trpc_agent_sdk.runners import Runner
 from trpc_agent_sdk.server.a2a import TrpcA2aAgentService
+from trpc_agent_sdk.tools import FunctionTool
 from trpc_agent_sdk.types import Content, Part
 
 from cancel_bus import CancelBus
-from cancel_bus.integrations import trpc_agent
+from cancel_bus.integrations import a2a, trpc_agent
 from cancel_bus.integrations.a2a import BusRequestHandler, BusTaskStore
 
 from ..helpers import WAIT
-from .a2a_support import CANCEL_TIMEOUT, card
+from .a2a_support import CANCEL_TIMEOUT, card, client, message
 from .replica_routes import bus_routes, gate_routes
-from .trpc_support import APP, GatedSessionService, StreamingAgent
+from .trpc_support import APP, BOSS, GatedSessionService, StreamingAgent, boss
 
 
 @dataclass
@@ -76,10 +81,11 @@ def _text(event: Event) -> str:
 
 
 class TrpcControl:
-    """The routes that start trpc-agent runs and call trpc-agent's cancel API on this replica."""
+    """The routes that start trpc-agent runs and call trpc-agent's cancel API on this replica;
+    a request's ``app`` (default ``chat``) chooses the Runner."""
 
-    def __init__(self, runner: Runner) -> None:
-        self.runner = runner
+    def __init__(self, *runners: Runner) -> None:
+        self.runners = {runner.app_name: runner for runner in runners}
         self.runs: dict[tuple[str, str], TrpcRun] = {}
 
     def routes(self) -> list[Route]:
@@ -99,9 +105,11 @@ class TrpcControl:
         self.runs[body["user"], body["session"]] = run
         started = asyncio.get_running_loop().create_future()
 
+        runner = self.runners[body.get("app", APP)]
+
         async def consume() -> None:
             started.set_result(None)
-            await run.consume(self.runner, body["user"], body["session"], body["command"])
+            await run.consume(runner, body["user"], body["session"], body["command"])
 
         asyncio.create_task(consume())  # noqa: RUF006 (kept in self.runs)
         await started
@@ -125,7 +133,7 @@ class TrpcControl:
         return JSONResponse({"saved": await self._saved(user, session)})
 
     async def _saved(self, user: str, session: str) -> str:
-        stored = await self.runner.session_service.get_session(
+        stored = await self.runners[APP].session_service.get_session(
             app_name=APP, user_id=user, session_id=session
         )
         return _text(stored.events[-1]) if stored is not None and stored.events else ""
@@ -133,14 +141,41 @@ class TrpcControl:
     async def cancel(self, request: Request) -> JSONResponse:
         """trpc-agent's own cancel API, on this replica."""
         body = await request.json()
-        answer = await self.runner.cancel_run_async(
+        answer = await self.runners[body.get("app", APP)].cancel_run_async(
             body["user"], body["session"], timeout=body.get("timeout", WAIT)
         )
         return JSONResponse({"answer": answer})
 
 
-def a2a_app(bus: CancelBus, agent: StreamingAgent, session_service: Any, url: str) -> Starlette:
-    service = TrpcA2aAgentService(service_name=APP, agent=agent, session_service=session_service)
+def asking(bus: CancelBus) -> FunctionTool:
+    """The boss's tool ``ask_remote``: asks the A2A agent at the URL it is given to ``stream``,
+    as a call under the run of the boss (the run whose code calls it); its text is the answer."""
+
+    async def ask_remote(request: str) -> str:
+        """Ask the remote A2A agent at the URL ``request``."""
+        text: list[str] = []
+        async with (
+            httpx.AsyncClient(timeout=WAIT) as http,
+            a2a.send_message(bus, client(http, request), message("stream")) as events,
+        ):
+            async for _, update in events:
+                if isinstance(update, TaskArtifactUpdateEvent):
+                    text.append(_artifact_text(update.artifact))
+        return "".join(text)
+
+    return FunctionTool(ask_remote)
+
+
+def _artifact_text(artifact: Artifact) -> str:
+    return "".join(part.root.text for part in artifact.parts if isinstance(part.root, TextPart))
+
+
+def a2a_app(
+    bus: CancelBus, agent: Any, session_service: Any, url: str, service_name: str = APP
+) -> Starlette:
+    service = TrpcA2aAgentService(
+        service_name=service_name, agent=agent, session_service=session_service
+    )
     handler = BusRequestHandler(
         bus, agent_executor=service, task_store=BusTaskStore(bus), cancel_timeout=CANCEL_TIMEOUT
     )
@@ -163,11 +198,19 @@ async def serve(bus: CancelBus, url: str) -> AsyncIterator[FastAPI]:
     agent = StreamingAgent(name="streamer")
     sessions = GatedSessionService(agent)
     runner = Runner(app_name=APP, agent=agent, session_service=sessions)
+    boss_agent = boss(asking(bus))
+    boss_runner = Runner(app_name=BOSS, agent=boss_agent, session_service=sessions)
     app = FastAPI()
     app.router.routes.extend(
-        [*TrpcControl(runner).routes(), *bus_routes(bus), *gate_routes(agent.gate)]
+        [
+            *TrpcControl(runner, boss_runner).routes(),
+            *bus_routes(bus),
+            *gate_routes(agent.gate),
+        ]
     )
     app.mount("/a2a", a2a_app(bus, agent, sessions, f"{url}/a2a/"))
+    app.mount("/x", a2a_app(bus, boss_agent, sessions, f"{url}/x/", service_name=BOSS))
     add_agui(app, agent, sessions)
     yield app
     await runner.close()
+    await boss_runner.close()

@@ -11,12 +11,14 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from pydantic import Field
-from trpc_agent_sdk.agents import BaseAgent
+from trpc_agent_sdk.agents import BaseAgent, LlmAgent
 from trpc_agent_sdk.configs import RunConfig
 from trpc_agent_sdk.context import InvocationContext
 from trpc_agent_sdk.events import Event
+from trpc_agent_sdk.models import LLMModel, LlmRequest, LlmResponse
 from trpc_agent_sdk.runners import Runner
 from trpc_agent_sdk.sessions import InMemorySessionService, Session
+from trpc_agent_sdk.tools import AgentTool, BaseTool
 from trpc_agent_sdk.types import Content, FunctionCall, FunctionResponse, Part
 
 from cancel_bus import CancelBus
@@ -87,6 +89,37 @@ class StreamingAgent(BaseAgent):
         return Event(
             invocation_id=ctx.invocation_id, author=self.name, content=content, partial=partial
         )
+
+
+class ScriptedModel(LLMModel):
+    """A model without an LLM for :func:`boss`: asked ``"<tool> <request>"``, it calls the tool
+    ``<tool>`` with ``{"request": <request>}``; given the tool's answer, it says ``done``."""
+
+    @classmethod
+    def supported_models(cls) -> list[str]:
+        return [r"scripted"]
+
+    async def _generate_async_impl(
+        self, request: LlmRequest, stream: bool = False, ctx: InvocationContext | None = None
+    ) -> AsyncGenerator[LlmResponse, None]:
+        last = request.contents[-1]
+        if any(part.function_response for part in last.parts):
+            yield LlmResponse(content=Content(role="model", parts=[Part.from_text(text="done")]))
+            return
+        tool, argument = (last.parts[0].text or "").split(" ", 1)
+        call = FunctionCall(id="call-1", name=tool, args={"request": argument})
+        yield LlmResponse(content=Content(role="model", parts=[Part(function_call=call)]))
+
+
+BOSS = "boss"  # the app of the boss's runs
+
+
+def boss(*tools: BaseTool) -> LlmAgent:
+    """An LLM agent (scripted: :class:`ScriptedModel`) that calls the tool its message names:
+    ``helper stream`` runs the sub-agent ``helper`` (a :class:`StreamingAgent` behind trpc-agent's
+    ``AgentTool``: a nested Runner, a run of its own), and ``tools`` are offered as well."""
+    helper = AgentTool(agent=StreamingAgent(name="helper", description="streams chunks"))
+    return LlmAgent(name=BOSS, model=ScriptedModel("scripted"), tools=[helper, *tools])
 
 
 GATED = "gated-"  # a session whose lookup waits for the gate "start:<session>" (a slow store)
