@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, NoReturn
 
 from fastapi import APIRouter, Body, Depends, HTTPException, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
-from cancel_bus import ID_PATTERN, CancelBus, CancelResult, Outcome, RunInfo
+from cancel_bus import (
+    ID_PATTERN,
+    CancelBus,
+    CancelResult,
+    Outcome,
+    RunCancelled,
+    RunInfo,
+    StopCause,
+    Tombstone,
+)
 
 from . import sse
 from .auth import CurrentPrincipal, OpsPrincipal, Principal
@@ -20,7 +29,11 @@ from .schemas import (
     NodeList,
     Problem,
     RunList,
+    SelectedRun,
+    SelectorAnswer,
+    SelectorCancel,
     StartRun,
+    TombstoneList,
     ValidationProblem,
 )
 from .service import NodeService
@@ -36,6 +49,8 @@ OUTCOME_STATUS = {
     Outcome.ALREADY_FINISHED: 409,
 }
 NOT_FOUND = CancelResult(outcome=Outcome.NOT_FOUND, run=None)
+# Live tombstones one user token may hold: a namespace holds at most 1,000, for every caller.
+MAX_USER_TOMBSTONES = 16
 Responses = dict[int | str, dict[str, Any]]
 
 
@@ -87,10 +102,13 @@ CancelBodyIn = Annotated[CancelBody | None, Body()]
 
 START_ERRORS = errors(
     403,
+    404,
     409,
     *BODY_ERRORS,
     e403="a user token starting a run as another user",
-    e409="the session has an active run, or the run id given cannot be used",
+    e404="the parent run given does not exist (another user's answers the same)",
+    e409="the session has an active run, the run id given cannot be used, or the run was "
+    "cancelled at its start (its parent's cancel, or a tombstone)",
     e503="Redis is unreachable, or this node is draining (another replica takes it)",
 )
 
@@ -99,9 +117,10 @@ START_ERRORS = errors(
 async def start_run(body: StartRun, node: Node, principal: CurrentPrincipal) -> RunInfo:
     """Start a run of the simulated agent on this node. A ``run_id`` given must be new, or name
     a queued run of the same app, user and session (it is claimed); any other is a 409 that
-    says nothing of the run."""
-    _may_start(principal, body, node)
-    return await node.start_run(body)
+    says nothing of the run. With a ``parent`` (a run the caller may see), it is that run's
+    child: cancelling the parent cancels it, and once the parent's cancel is accepted (or a
+    tombstone matches it) it is recorded cancelled at its start, a 409 naming it."""
+    return await _start(node, principal, body)
 
 
 @router.post(
@@ -114,8 +133,7 @@ async def start_run_streaming(
     body: StartRun, node: Node, principal: CurrentPrincipal
 ) -> sse.EventStream:
     """Start a run and stream it; closing the stream before the run ends cancels the run."""
-    _may_start(principal, body, node)
-    info = await node.start_run(body)
+    info = await _start(node, principal, body)
     bus = node.bus_for_app(body.app_name)
     return sse.run_stream(
         bus,
@@ -183,19 +201,19 @@ async def list_runs(
 ) -> RunList:
     """Runs across the cluster, the most recent first: an active run by its creation, a
     finished one by its end (a user token sees only its own). Filters the library does not
-    take (session, phase, id prefix, age) look through the 1,000 most recent runs."""
+    take (session, parent, phase, id prefix, age) look through the 1,000 most recent runs."""
     return await runs_for(node, principal, query)
 
 
 def check_window(query: RunQuery) -> None:
     """A page must lie within the runs a list looks through: a 422 otherwise."""
     if query.offset + query.limit > WINDOW:
-        problem = {
-            "loc": ("query", "offset"),
-            "msg": f"offset + limit must be at most {WINDOW}",
-            "type": "value_error",
-        }
-        raise RequestValidationError([problem])
+        invalid(("query", "offset"), f"offset + limit must be at most {WINDOW}")
+
+
+def invalid(loc: tuple[str, str], msg: str) -> NoReturn:
+    """A 422, as a field the schema itself refused."""
+    raise RequestValidationError([{"loc": loc, "msg": msg, "type": "value_error"}])
 
 
 async def runs_for(node: NodeService, principal: Principal, query: RunQuery) -> RunList:
@@ -230,11 +248,104 @@ async def list_nodes(node: Node, principal: OpsPrincipal) -> NodeList:
     return NodeList(nodes=await node.list_nodes(), at=node.bus.clock())
 
 
-def _may_start(principal: Principal, body: StartRun, node: NodeService) -> None:
+@router.post("/cancel-where", response_model=SelectorAnswer, responses=errors(*BODY_ERRORS))
+async def cancel_where(
+    body: SelectorCancel, node: Node, principal: CurrentPrincipal
+) -> SelectorAnswer:
+    """Every active run that matches the selector, from any node: a preview unless
+    ``"dry_run": false`` (the count and the ids), then the cancel of each (with the runs below
+    it), and with ``ttl`` or ``until`` a tombstone that cancels matching runs started later. A
+    user token's selector is confined to its own runs."""
+    at = node.bus.clock()
+    if not principal.is_ops:
+        if body.user_id not in (None, principal.user_id):
+            return SelectorAnswer(
+                matched=0, run_ids=[], dry_run=body.dry_run, results=[], tombstones=[], at=at
+            )
+        body = body.model_copy(update={"user_id": principal.user_id})
+        holds = body.ttl is not None or body.until is not None
+        if holds and not body.dry_run:
+            held = await tombstones_for(node, principal)
+            if len(held) >= MAX_USER_TOMBSTONES:
+                invalid(
+                    ("body", "ttl" if body.ttl is not None else "until"),
+                    f"a user token holds at most {MAX_USER_TOMBSTONES} live tombstones: "
+                    "remove some first",
+                )
+    answers = await node.cancel_where(body, principal.name)
+    return SelectorAnswer(
+        matched=sum(answer.matched for answer in answers),
+        run_ids=[run_id for answer in answers for run_id in answer.run_ids],
+        dry_run=body.dry_run,
+        results=[
+            SelectedRun.of(result, run_id)
+            for answer in answers
+            if not answer.dry_run
+            for run_id, result in zip(answer.run_ids, answer.results, strict=True)
+        ],
+        tombstones=[answer.tombstone for answer in answers if answer.tombstone is not None],
+        at=at,
+    )
+
+
+@router.get("/tombstones", response_model=TombstoneList, responses=errors(503))
+async def list_tombstones(node: Node, principal: CurrentPrincipal) -> TombstoneList:
+    """The live tombstones of selector cancels, soonest to expire first: every one for an ops
+    token, those it laid for a user token."""
+    return TombstoneList(tombstones=await tombstones_for(node, principal), at=node.bus.clock())
+
+
+async def tombstones_for(node: NodeService, principal: Principal) -> list[Tombstone]:
+    """The live tombstones ``principal`` may see (and remove)."""
+    return [
+        tombstone for _, tombstone in await node.tombstones() if principal.may_manage(tombstone)
+    ]
+
+
+@router.delete(
+    "/tombstones/{tombstone_id}",
+    response_model=Tombstone,
+    responses=errors(404, 422, 503, e404="no such live tombstone (another's answers the same)"),
+)
+async def remove_tombstone(
+    tombstone_id: IdPath, node: Node, principal: CurrentPrincipal
+) -> Tombstone:
+    """Lift a tombstone (runs started from now on are no longer held); answers it."""
+    for bus, tombstone in await node.tombstones():
+        if tombstone.tombstone_id == tombstone_id and principal.may_manage(tombstone):
+            if await bus.remove_tombstone(tombstone_id):
+                return tombstone
+            break  # it expired meanwhile
+    raise HTTPException(status_code=404, detail=f"no live tombstone {tombstone_id}")
+
+
+async def _start(node: NodeService, principal: Principal, body: StartRun) -> RunInfo:
     if not principal.may_act_for(body.user_id):
         raise HTTPException(status_code=403, detail="a user token may start runs only as itself")
     if node.draining:
         raise HTTPException(status_code=503, detail="this node is draining")
+    if body.parent is not None:
+        await _check_parent(node, principal, body.parent, body.app_name)
+    try:
+        return await node.start_run(body)
+    except RunCancelled as exc:
+        if body.run_id is not None:
+            raise  # it may be another's run: the one answer for a run id that cannot be used
+        parent = exc.request is not None and exc.request.cause is StopCause.PARENT
+        why = "its parent's cancel was accepted" if parent else "a tombstone holds runs like it"
+        detail = f"run {exc.run_id} was cancelled at its start: {why}"
+        raise HTTPException(status_code=409, detail=detail) from None
+
+
+async def _check_parent(
+    node: NodeService, principal: Principal, parent: str, app_name: str
+) -> None:
+    """A parent must be a run the caller may see, in the namespace of the child's app."""
+    found = await node.find_run(parent)
+    if found is None or not principal.may_see(found[1]):
+        raise HTTPException(status_code=404, detail=f"parent run {parent} not found")
+    if found[0] is not node.bus_for_app(app_name):
+        invalid(("body", "parent"), f"the parent run is in another namespace than app {app_name}'s")
 
 
 async def _visible_run(
@@ -247,7 +358,7 @@ async def _visible_run(
 
 
 def _cancel_response(result: CancelResult) -> JSONResponse:
-    body = CancelAnswer(outcome=result.outcome, run=result.run)
+    body = CancelAnswer.of(result)
     return JSONResponse(
         status_code=OUTCOME_STATUS[result.outcome], content=body.model_dump(mode="json")
     )

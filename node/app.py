@@ -35,7 +35,6 @@ from .settings import ENV_PREFIX, Settings, is_loopback
 log = logging.getLogger("cancel_bus.node")
 
 _STATUS: list[tuple[type[CancelBusError], int]] = [
-    (InvalidArgument, 422),
     (RunNotFound, 404),
     (SessionBusy, 409),
     (RunExists, 409),
@@ -103,6 +102,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @app.exception_handler(CancelBusError)
     async def bus_error(request: Request, exc: CancelBusError) -> JSONResponse:
+        if isinstance(exc, InvalidArgument):  # what only the bus can judge (a time, a limit)
+            return _invalid([FieldError(loc=[], msg=str(exc), type="value_error")])
         status = next((code for kind, code in _STATUS if isinstance(exc, kind)), 500)
         if status == 500:
             log.error("unexpected bus error on %s: %s", request.url.path, exc)
@@ -114,12 +115,18 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @app.exception_handler(RequestValidationError)
     async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
         """Where and what, never the input: it may not even be JSON-serialisable (NaN)."""
-        errors = [
-            FieldError(loc=list(error["loc"]), msg=error["msg"], type=error["type"])
-            for error in exc.errors()
-        ]
-        detail = "; ".join(f"{'.'.join(map(str, e.loc))}: {e.msg}" for e in errors)
-        problem = ValidationProblem(detail=detail or "invalid request", errors=errors)
-        return JSONResponse(status_code=422, content=problem.model_dump(mode="json"))
+        return _invalid(
+            [
+                FieldError(loc=list(error["loc"]), msg=error["msg"], type=error["type"])
+                for error in exc.errors()
+            ]
+        )
 
     return app
+
+
+def _invalid(errors: list[FieldError]) -> JSONResponse:
+    """A 422: where and what, in one line and field by field."""
+    detail = "; ".join(f"{'.'.join(map(str, e.loc))}: {e.msg}" if e.loc else e.msg for e in errors)
+    problem = ValidationProblem(detail=detail or "invalid request", errors=errors)
+    return JSONResponse(status_code=422, content=problem.model_dump(mode="json"))

@@ -9,7 +9,7 @@ from typing import Annotated, Literal
 from fastapi import Depends, HTTPException, Request, Security
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from cancel_bus import RunInfo
+from cancel_bus import RunInfo, Tombstone
 
 from .settings import TokenGrant
 
@@ -29,6 +29,13 @@ class Principal:
 
     def may_act_for(self, user_id: str) -> bool:
         return self.is_ops or user_id == self.user_id
+
+    def may_manage(self, tombstone: Tombstone) -> bool:
+        """Ops: every tombstone; a user: those it laid (on its own runs, by its selectors)."""
+        return self.is_ops or (
+            tombstone.requested_by == self.name
+            and tombstone.selector.get("user_id") == self.user_id
+        )
 
 
 ANONYMOUS_OPS = Principal(role="ops", user_id=None, name="anonymous")

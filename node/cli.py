@@ -15,6 +15,8 @@ import shutil
 import sys
 import time
 from collections.abc import Sequence
+from datetime import datetime
+from datetime import time as dt_time
 from enum import IntEnum
 from typing import Any, NoReturn, get_args
 from urllib.parse import quote, urlsplit
@@ -27,33 +29,47 @@ from rich.live import Live
 
 from cancel_bus import CancelMode, InvalidArgument, __version__, acl_rules
 
-from .display import as_json, nodes_table, run_details, runs_table, span, status_of
+from .display import (
+    as_json,
+    local_time,
+    nodes_table,
+    outcome_counts,
+    run_details,
+    runs_table,
+    selector_of,
+    span,
+    status_of,
+    tombstones_table,
+)
 from .queries import WINDOW, StatusFilter
 from .server import DrainingServer, PortInUse
 
 DEFAULT_URL = "http://127.0.0.1:8080"
-out = Console(highlight=False)
+out = Console(highlight=False, markup=False)  # what it shows is data, never markup
 
 
 class Exit(IntEnum):
     """The exit codes of ``cancel-bus``."""
 
     OK = 0  # cancel: cancelled, stopping or owner_lost
-    ERROR = 1  # the node is unreachable or answered an error; a bad configuration
+    ERROR = 1  # the node is unreachable or answered an error; a bad configuration; "no"
     USAGE = 2  # a bad command line
     FINISHED = 3  # cancel: the run had already finished
-    NOT_FOUND = 4  # no such run (or id prefix); no active run in the session
+    NOT_FOUND = 4  # no such run (or id prefix, tombstone); no active run in the session or match
     AMBIGUOUS = 5  # an id prefix that several runs start with
 
 
 EXIT_HELP = """exit codes:
   0  done (cancel: cancelled, stopping or owner_lost)
-  1  error: the node is unreachable or answered an error, or a bad configuration
+  1  error: the node is unreachable or answered an error, or a bad configuration; or the
+     question of cancel-where answered no
   2  a bad command line
   3  cancel: the run had already finished
-  4  not found: no such run (or id prefix), no active run in the session
+  4  not found: no such run (or id prefix, or tombstone), no active run in the session, no
+     active run that matches (and no tombstone laid)
   5  an id prefix that several runs start with"""
 OUTCOME_EXIT = {"not_found": Exit.NOT_FOUND, "already_finished": Exit.FINISHED}
+PREVIEW_ROWS = 50  # the matched runs cancel-where shows before it asks
 
 
 class CliError(Exception):
@@ -221,6 +237,7 @@ def runs(args: argparse.Namespace) -> int:
         ("app", "app_name"),
         ("user", "user_id"),
         ("session", "session_id"),
+        ("parent", "parent"),
         ("phase", "phase"),
         ("id", "id_prefix"),
         ("older_than", "min_age"),
@@ -264,10 +281,12 @@ def _watch(args: argparse.Namespace, params: dict[str, Any]) -> int:
 def run_details_command(args: argparse.Namespace) -> int:
     run = _resolve(args, args.run_id)
     answer = _call(args, "GET", _run_path(run["run_id"], "/events")).json()
+    params = {"status": "all", "parent": run["run_id"], "limit": WINDOW}
+    children = _call(args, "GET", "/v1/runs", params=params).json()["runs"]
     if args.json:
-        print(as_json({"run": run, "events": answer["events"]}))
+        print(as_json({"run": run, "events": answer["events"], "children": children}))
         return 0
-    out.print(run_details(run, answer["events"], answer["at"]))
+    out.print(run_details(run, answer["events"], answer["at"], children))
     return 0
 
 
@@ -293,6 +312,8 @@ def cancel(args: argparse.Namespace) -> int:
         print(as_json(answer))
     else:
         out.print(_outcome_line(answer, target, args.timeout), soft_wrap=True)
+        for below in answer["descendants"]:  # the runs started below it, deepest first
+            out.print(f"  below it: {_outcome_line(below, '', args.timeout)}", soft_wrap=True)
     return OUTCOME_EXIT.get(answer["outcome"], Exit.OK)
 
 
@@ -309,6 +330,154 @@ def _outcome_line(answer: dict[str, Any], not_found: str, timeout: float) -> str
     if outcome == "owner_lost":
         return f"{outcome}: {what}: its node had died; resolved when its lease expired"
     return f"{outcome}: {what} ({status_of(run)})"
+
+
+SELECTOR_FLAGS = (("app", "app_name"), ("user", "user_id"), ("session", "session_id"))
+
+
+def cancel_where(args: argparse.Namespace) -> int:
+    """Preview the runs a selector matches, ask, then cancel them (``--yes``: without asking;
+    ``--dry-run``: only the preview)."""
+    if args.json and not (args.yes or args.dry_run):
+        raise CliError("--json needs --yes or --dry-run (it asks no question)", Exit.USAGE)
+    body = _selector_body(args)
+    preview = _call(args, "POST", "/v1/cancel-where", json={**body, "dry_run": True}).json()
+    holds = args.ttl is not None or args.until is not None
+    if args.dry_run or not args.yes:
+        if args.json:
+            print(as_json(preview))
+        else:
+            _show_preview(args, body, preview)
+    if args.dry_run or (preview["matched"] == 0 and not holds):
+        return Exit.OK if preview["matched"] else Exit.NOT_FOUND
+    if not args.yes and not _confirmed(preview["matched"], args):
+        out.print("nothing cancelled")
+        return Exit.ERROR
+    answer = _call(args, "POST", "/v1/cancel-where", json={**body, "dry_run": False}).json()
+    if args.json:
+        print(as_json(answer))
+    else:
+        _show_cancelled(answer, args.timeout)
+    return Exit.OK if answer["matched"] or answer["tombstones"] else Exit.NOT_FOUND
+
+
+def _selector_body(args: argparse.Namespace) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        name: getattr(args, flag)
+        for flag, name in (*SELECTOR_FLAGS, ("node", "node_id"))
+        if getattr(args, flag) is not None
+    }
+    if args.meta:
+        body["metadata"] = dict(args.meta)
+    if args.started_before is not None:
+        body["started_before"] = args.started_before
+    if args.older_than is not None:
+        body["min_age"] = args.older_than
+    if args.ttl is not None:
+        body["ttl"] = args.ttl
+    if args.until is not None:
+        body["until"] = args.until
+    body.update(mode=args.mode, reason=args.reason, wait=not args.no_wait, timeout=args.timeout)
+    return body
+
+
+def _show_preview(args: argparse.Namespace, body: dict[str, Any], preview: dict[str, Any]) -> None:
+    """The count, then the matched runs as ``runs`` shows them (those among the most recent
+    active runs; any other by its id)."""
+    matched, ids = preview["matched"], preview["run_ids"]
+    out.print(f"{matched} active run(s) match {_described(body)}", soft_wrap=True)
+    if not ids:
+        return
+    params = {"status": "active", "limit": WINDOW} | {
+        name: body[name]
+        for name in ("app_name", "user_id", "session_id", "node_id")
+        if name in body
+    }
+    listed = _call(args, "GET", "/v1/runs", params=params).json()
+    wanted = set(ids)
+    shown = [run for run in listed["runs"] if run["run_id"] in wanted][:PREVIEW_ROWS]
+    out.print(runs_table(shown, listed["at"], out.width))
+    known = {run["run_id"] for run in shown}
+    rest = [run_id for run_id in ids if run_id not in known]
+    if rest:
+        more = f" (and {len(rest) - PREVIEW_ROWS} more)" if len(rest) > PREVIEW_ROWS else ""
+        out.print("also: " + ", ".join(rest[:PREVIEW_ROWS]) + more, soft_wrap=True)
+
+
+def _described(body: dict[str, Any]) -> str:
+    criteria = {
+        key: value
+        for key, value in body.items()
+        if key in ("app_name", "user_id", "session_id", "node_id", "metadata", "started_before")
+    }
+    text = selector_of(criteria)
+    if "min_age" in body:
+        text = f"{text} started {span(body['min_age'])} ago or earlier".strip()
+    return text
+
+
+def _confirmed(matched: int, args: argparse.Namespace) -> bool:
+    """Ask on the terminal (or read the answer from stdin): anything but yes is no."""
+    hold = ""
+    if args.ttl is not None:
+        hold = f", and cancel matching runs started in the next {span(args.ttl)}"
+    elif args.until is not None:
+        hold = f", and cancel matching runs started until {local_time(args.until)}"
+    out.print(f"Cancel {matched} run(s) and the runs below them{hold}? [y/N] ", end="")
+    answer = sys.stdin.readline()
+    if not sys.stdin.isatty():
+        out.print(answer.strip())  # as a terminal would have echoed it
+    return answer.strip().lower() in ("y", "yes")
+
+
+def _show_cancelled(answer: dict[str, Any], timeout: float) -> None:
+    """A line of counts, a line per run, a line per tombstone."""
+    results = answer["results"]
+    below = [descendant for result in results for descendant in result["descendants"]]
+    line = f"{answer['matched']} run(s) matched: {outcome_counts(results)}"
+    if below:
+        line += f"; {len(below)} run(s) below them: {outcome_counts(below)}"
+    out.print(line, soft_wrap=True)
+    for result in results:
+        after = result["stopped_after"]
+        stopped = f" stopped {span(after)} after the request" if after is not None else ""
+        if result["outcome"] == "stopping":
+            stopped = f": recorded, not confirmed within {timeout:g} s"
+        out.print(f"  {result['outcome']}: run {result['run_id']}{stopped}", soft_wrap=True)
+    for tombstone in answer["tombstones"]:
+        expires = tombstone["expires_at"]
+        out.print(
+            f"tombstone {tombstone['tombstone_id']}: runs of {selector_of(tombstone['selector'])}"
+            f" started in the next {span(expires - answer['at'])} (until "
+            f"{local_time(expires)[11:19]}) are cancelled at their start; "
+            f"cancel-bus tombstones rm {tombstone['tombstone_id']} lifts it",
+            soft_wrap=True,
+        )
+
+
+def tombstones(args: argparse.Namespace) -> int:
+    if args.action is None:
+        answer = _call(args, "GET", "/v1/tombstones").json()
+        if args.json:
+            print(as_json(answer["tombstones"]))
+        elif answer["tombstones"]:
+            out.print(tombstones_table(answer["tombstones"], answer["at"]))
+        else:
+            out.print("no tombstone holds runs")
+        return Exit.OK
+    if args.tombstone_id is None:
+        raise CliError("tombstones rm needs a TOMBSTONE_ID", Exit.USAGE)
+    path = f"/v1/tombstones/{quote(args.tombstone_id, safe='')}"
+    response = _call(args, "DELETE", path, ok=(200, 404))
+    if response.status_code == 404:
+        raise CliError(f"no live tombstone {args.tombstone_id}", Exit.NOT_FOUND)
+    removed = response.json()
+    if args.json:
+        print(as_json(removed))
+    else:
+        selector = selector_of(removed["selector"])
+        out.print(f"removed tombstone {removed['tombstone_id']} ({selector})", soft_wrap=True)
+    return Exit.OK
 
 
 def nodes(args: argparse.Namespace) -> int:
@@ -351,6 +520,39 @@ def _seconds(value: str) -> float:
     return seconds
 
 
+def _time(value: str) -> float:
+    """An ISO 8601 time (``2026-05-01T14:30:00Z``; without a zone: local), or a local clock
+    time today (``14:30``, ``14:30:05``): seconds since the epoch."""
+    try:
+        return datetime.fromisoformat(value).timestamp()
+    except ValueError:
+        pass
+    try:
+        clock = dt_time.fromisoformat(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{value!r} is not a time (2026-05-01T14:30:00Z, or 14:30 today)"
+        ) from None
+    return datetime.combine(datetime.now().date(), clock).timestamp()
+
+
+def _metadata_item(value: str) -> tuple[str, str | int | float | bool]:
+    """``KEY=TEXT`` (a string), or ``KEY:=JSON`` (a number or true/false)."""
+    key, typed, raw = value.partition(":=")
+    if not typed:
+        key, equals, raw = value.partition("=")
+        if not equals or not key:
+            raise argparse.ArgumentTypeError(f"{value!r} is not KEY=VALUE (or KEY:=NUMBER)")
+        return key, raw
+    try:
+        parsed = json.loads(raw)
+    except ValueError:
+        parsed = None
+    if not key or isinstance(parsed, dict | list) or parsed is None:
+        raise argparse.ArgumentTypeError(f"{value!r}: KEY:= takes a number, true or false")
+    return key, parsed
+
+
 def _positive(kind: type[int] | type[float]) -> Any:
     def parse(value: str) -> int | float:
         try:
@@ -362,6 +564,88 @@ def _positive(kind: type[int] | type[float]) -> Any:
         return number
 
     return parse
+
+
+def _add_cancel_options(p: argparse.ArgumentParser, runs: str) -> None:
+    p.add_argument(
+        "--mode",
+        default="checkpoint",
+        choices=[mode.value for mode in CancelMode],
+        help="checkpoint (default): at its next checkpoint; immediate: also interrupt what it "
+        "awaits; after_turn: once its turn ends",
+    )
+    p.add_argument("--reason", help="recorded with the run")
+    p.add_argument("--no-wait", action="store_true", help="answer once recorded: stopping")
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=5.0,
+        help=f"seconds to wait for {runs} to stop (0.1-60, default 5)",
+    )
+
+
+def _add_selector_commands(commands: Any, client: argparse.ArgumentParser) -> None:
+    """cancel-where and tombstones."""
+    p = commands.add_parser(
+        "cancel-where",
+        parents=[client],
+        help="cancel every active run that matches (a preview first)",
+        description="Cancel every active run that matches all the criteria given, from any "
+        "node, with the runs below each. It shows the runs that match and asks first (--yes: "
+        "without asking; --dry-run: only the preview); it cancels what matches when it runs. "
+        "With --ttl or --until, a tombstone also cancels matching runs started until then (see "
+        "tombstones). A user token's selector is its own runs.",
+        epilog=EXIT_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--app", help="runs of this app")
+    p.add_argument("--user", help="runs of this user")
+    p.add_argument("--session", help="runs of this session")
+    p.add_argument("--node", help="runs owned by this node")
+    p.add_argument(
+        "--meta",
+        type=_metadata_item,
+        action="append",
+        metavar="KEY=VALUE",
+        help="runs whose metadata has KEY=VALUE (a string; KEY:=5 or KEY:=true for a number "
+        "or a boolean); repeat for several",
+    )
+    started = p.add_mutually_exclusive_group()
+    started.add_argument(
+        "--started-before",
+        type=_time,
+        metavar="TIME",
+        help="runs started before TIME (2026-05-01T14:30:00Z, or 14:30 today)",
+    )
+    started.add_argument(
+        "--older-than", type=_seconds, metavar="AGE", help="runs started AGE ago or more (5m)"
+    )
+    hold = p.add_mutually_exclusive_group()
+    hold.add_argument(
+        "--ttl",
+        type=_seconds,
+        metavar="DURATION",
+        help="also cancel matching runs started in the next DURATION (60s, 5m; at most 7d)",
+    )
+    hold.add_argument(
+        "--until", type=_time, metavar="TIME", help="also cancel matching runs started until TIME"
+    )
+    _add_cancel_options(p, "them")
+    act = p.add_mutually_exclusive_group()
+    act.add_argument("--yes", action="store_true", help="cancel without asking")
+    act.add_argument("--dry-run", action="store_true", help="only show what matches")
+    p.set_defaults(func=cancel_where)
+
+    p = commands.add_parser(
+        "tombstones",
+        parents=[client],
+        help="the tombstones of selector cancels; tombstones rm ID lifts one",
+        description="The live tombstones (an ops token: all; a user token: those it laid): "
+        "each cancels the runs its selector matches that start before it expires.",
+    )
+    p.add_argument("action", nargs="?", choices=["rm"], help="rm: lift the tombstone ID")
+    p.add_argument("tombstone_id", nargs="?", metavar="ID", help="the tombstone to lift")
+    p.set_defaults(func=tombstones)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -426,8 +710,8 @@ def build_parser() -> argparse.ArgumentParser:
         parents=[client],
         help="list runs across the cluster",
         description="Runs across the cluster, the most recent first (an active run by its "
-        "start, a finished one by its end). Session, phase, id and age filters look through "
-        f"the {WINDOW:,} most recent runs.",
+        "start, a finished one by its end). Session, parent, phase, id and age filters look "
+        f"through the {WINDOW:,} most recent runs.",
     )
     p.add_argument(
         "--status",
@@ -439,6 +723,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--app", help="runs of this app")
     p.add_argument("--user", help="runs of this user")
     p.add_argument("--session", help="runs of this session")
+    p.add_argument("--parent", metavar="RUN_ID", help="runs started as children of this run")
     p.add_argument("--phase", help="runs in this phase, or kind of phase (tool: tool:search)")
     p.add_argument("--id", help="runs whose id starts so")
     p.add_argument(
@@ -477,26 +762,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("run_id", nargs="?", metavar="RUN_ID", help="a run id, or the start of one")
     p.add_argument("--session", nargs=3, metavar=("APP", "USER", "SESSION"), help="a session")
-    p.add_argument(
-        "--mode",
-        default="checkpoint",
-        choices=[mode.value for mode in CancelMode],
-        help="checkpoint (default): at its next checkpoint; immediate: also interrupt what it "
-        "awaits; after_turn: once its turn ends",
-    )
-    p.add_argument("--reason", help="recorded with the run")
-    p.add_argument("--no-wait", action="store_true", help="answer once recorded: stopping")
-    p.add_argument(
-        "--timeout", type=float, default=5.0, help="seconds to wait for it (0.1-60, default 5)"
-    )
+    _add_cancel_options(p, "it")
     p.set_defaults(func=cancel)
+
+    _add_selector_commands(commands, client)
 
     p = commands.add_parser(
         "nodes",
         parents=[client],
         help="the live nodes and their leases (needs an ops token)",
         description="The live nodes: lease state (late: a heartbeat missed, it may be dying), "
-        "heartbeat, lease left, active runs.",
+        "heartbeat, lease left, the last probe of its own channel (latency, when), active "
+        "runs.",
     )
     p.set_defaults(func=nodes)
 

@@ -4,6 +4,7 @@ times), and the ISO 8601 timestamps of its ``--json`` output."""
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -24,9 +25,12 @@ TIME_FIELDS = frozenset(
         "cancel_observed_at",
         "last_heartbeat",
         "lease_expires_at",
+        "probe_at",
+        "expires_at",
     }
 )
 ACTIVE = ("queued", "running", "waiting")
+SLOWEST_SHOWN = 5  # code sites where a run went longest without a checkpoint
 CANCEL_PHASES = (
     ("delivered", "cancel_delivered_at"),
     ("observed", "cancel_observed_at"),
@@ -150,7 +154,7 @@ def _table(title: str | None = None) -> Table:
 
 def nodes_table(nodes: list[dict[str, Any]], now: float) -> Table:
     table = _table()
-    for name in ("node", "lease", "heartbeat", "lease left", "runs", "up", "version"):
+    for name in ("node", "lease", "heartbeat", "lease left", "probe", "runs", "up", "version"):
         table.add_column(name, no_wrap=True)
     for node in nodes:
         state = "late: lease expiring" if node["state"] == "late" else node["state"]
@@ -159,6 +163,7 @@ def nodes_table(nodes: list[dict[str, Any]], now: float) -> Table:
             state,
             f"{span(node['heartbeat_age'])} ago",
             "-" if node["state"] == "expired" else span(node["lease_left"]),
+            probe_of(node, now),
             str(node["active_runs"]),
             span(max(0.0, now - node["started_at"])),
             node["version"],
@@ -166,12 +171,68 @@ def nodes_table(nodes: list[dict[str, Any]], now: float) -> Table:
     return table
 
 
-def run_details(run: dict[str, Any], events: list[dict[str, Any]], now: float) -> RenderableType:
-    """The run's fields, its cancel phase by phase, its event timeline and its output."""
+def probe_of(node: dict[str, Any], now: float) -> str:
+    """The last probe of the node's own channel: its latency and when it came back."""
+    if node.get("probe_at") is None or node.get("probe_latency_ms") is None:
+        return "-"
+    return f"{span(node['probe_latency_ms'] / 1000)}, {ago(node['probe_at'], now)}"
+
+
+def selector_of(selector: dict[str, Any]) -> str:
+    """``app=shop user=alice meta.tier=gold started<14:03:07``."""
+    short = {"app_name": "app", "user_id": "user", "session_id": "session", "node_id": "node"}
+    parts = []
+    for key, value in selector.items():
+        if key == "metadata":
+            parts += [f"meta.{name}={json.dumps(item)}" for name, item in value.items()]
+        elif key == "started_before":
+            parts.append(f"started<{local_time(value)[11:19]}")
+        else:
+            parts.append(f"{short.get(key, key)}={value}")
+    return " ".join(parts)
+
+
+def tombstones_table(tombstones: list[dict[str, Any]], now: float) -> Table:
+    table = _table()
+    for name in ("tombstone", "holds runs of", "mode", "by", "reason", "expires"):
+        table.add_column(name, no_wrap=name != "reason")
+    for tombstone in tombstones:
+        expires = tombstone["expires_at"]
+        table.add_row(
+            tombstone["tombstone_id"],
+            selector_of(tombstone["selector"]),
+            tombstone["mode"],
+            tombstone.get("requested_by") or "-",
+            tombstone.get("reason") or "-",
+            f"in {span(max(0.0, expires - now))} ({local_time(expires)[11:19]})",
+        )
+    return table
+
+
+def outcome_counts(outcomes: list[dict[str, Any]]) -> str:
+    """``3 cancelled, 1 stopping``."""
+    counts: dict[str, int] = {}
+    for outcome in outcomes:
+        counts[outcome["outcome"]] = counts.get(outcome["outcome"], 0) + 1
+    return ", ".join(f"{n} {outcome}" for outcome, n in counts.items()) or "none"
+
+
+def run_details(
+    run: dict[str, Any],
+    events: list[dict[str, Any]],
+    now: float,
+    children: Sequence[dict[str, Any]] = (),
+) -> RenderableType:
+    """The run's fields (its parent and children, a leak after its end, where it went longest
+    without a checkpoint), its cancel phase by phase, its event timeline and its output."""
     fields = Table(show_header=False, box=None, pad_edge=False)
     fields.add_column(style="bold", no_wrap=True)
     fields.add_column(overflow="fold")
     for name, value in _fields(run, now):
+        fields.add_row(name, value)
+    for child in children:
+        fields.add_row("child", f"{child['run_id']} ({status_of(child)})")
+    for name, value in _checks(run):
         fields.add_row(name, value)
     timeline = _table("timeline")
     for name in ("event", "at", "+ ms"):
@@ -196,6 +257,7 @@ def _fields(run: dict[str, Any], now: float) -> list[tuple[str, str]]:
         ("run", run["run_id"]),
         ("status", status_of(run)),
         ("owner", run.get("owner") or "-"),
+        *([("parent", run["parent"])] if run.get("parent") else []),
         ("session", session_of(run)),
         ("created", f"{local_time(run['created_at'])} ({ago(run['created_at'], now)})"),
     ]
@@ -225,6 +287,20 @@ def _fields(run: dict[str, Any], now: float) -> list[tuple[str, str]]:
         rows.append(("error", run["error"]))
     if run.get("metadata"):
         rows.append(("metadata", json.dumps(run["metadata"])))
+    return rows
+
+
+def _checks(run: dict[str, Any]) -> list[tuple[str, str]]:
+    """What the run's code did after its end (a leak), and its slowest checkpoint sites."""
+    rows = []
+    leak = run.get("leaked_after_cancel")
+    if leak:
+        calls = ", ".join(f"{n} {call}" for call, n in leak.get("calls", {}).items())
+        first = f"; first: {leak['first_call']} at {leak.get('first_site', '?')}"
+        rows.append(("leaked", calls + (first if leak.get("first_call") else "")))
+    slowest = sorted((run.get("slowest_checkpoints") or {}).items(), key=lambda kv: -kv[1])
+    for site, ms in slowest[:SLOWEST_SHOWN]:
+        rows.append(("no checkpoint", f"{span(ms / 1000)} after {site}"))
     return rows
 
 

@@ -28,13 +28,14 @@ async def healthz() -> dict[str, str]:
     responses={503: {"model": Readiness, "description": "not ready"}},
 )
 async def readyz(node: Node) -> JSONResponse:
-    """Ready to take traffic: not draining, lease held, subscriber connected, Redis answers."""
+    """Ready to take traffic: not draining, and in each namespace the bus running, its lease
+    renewed, its subscriber connected and its own channel answering its probes (the bus's
+    ``problems``, each named in the body); Redis answers."""
     problems = []
     if node.draining:
         problems.append("draining")
     for bus in node.buses:
-        if not bus.ready:
-            problems.append(f"namespace {bus.keys.namespace}: lease or subscriber not ready")
+        problems.extend(f"namespace {bus.keys.namespace}: {problem}" for problem in bus.problems)
     try:
         async with asyncio.timeout(1.0):
             await node.bus.redis.ping()

@@ -91,7 +91,7 @@ class _BusCollector(Collector):
             ),
             GaugeMetricFamily(
                 "cancel_bus_ready",
-                "1 if the node holds its lease and listens",
+                "1 if the node is ready: it holds its lease, listens, and its probes come back",
                 labels=["bus_namespace"],
             ),
             CounterMetricFamily(

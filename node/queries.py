@@ -15,7 +15,7 @@ StatusFilter = Literal[
 ]
 FINISHED = (RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED)
 # The most runs one answer looks through: the library's own bound on a list. Filters the
-# library does not take (session, phase, id prefix, age) look through that many of the most
+# library does not take (session, parent, phase, id prefix, age) look through that many of the most
 # recent runs that match the others.
 WINDOW = 1000
 OptionalId = Annotated[str | None, Field(pattern=ID_PATTERN, max_length=200)]
@@ -36,6 +36,7 @@ class RunQuery(BaseModel):
     app_name: OptionalId = None
     user_id: OptionalId = None
     session_id: OptionalId = None
+    parent: Annotated[OptionalId, Field(description="runs started as its children")] = None
     phase: str | None = Field(
         default=None,
         max_length=200,
@@ -52,7 +53,14 @@ class RunQuery(BaseModel):
         """A filter the library does not take is given: the node applies it."""
         return any(
             value is not None
-            for value in (self.session_id, self.phase, self.id_prefix, self.min_age, self.max_age)
+            for value in (
+                self.session_id,
+                self.parent,
+                self.phase,
+                self.id_prefix,
+                self.min_age,
+                self.max_age,
+            )
         )
 
     def matches(self, run: RunInfo, now: float) -> bool:
@@ -60,6 +68,7 @@ class RunQuery(BaseModel):
         age = now - run.created_at
         return (
             (self.session_id is None or run.session_id == self.session_id)
+            and (self.parent is None or run.parent == self.parent)
             and (self.phase is None or _phase_matches(run.phase, self.phase))
             and (self.id_prefix is None or run.run_id.startswith(self.id_prefix))
             and (self.min_age is None or age >= self.min_age)

@@ -3,14 +3,28 @@ non-finite numbers (JSON's NaN/Infinity literals, or 1e400 which parses as infin
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from cancel_bus import ID_PATTERN, CancelMode, NodeInfo, Outcome, RunEvent, RunInfo
+from cancel_bus import (
+    ID_PATTERN,
+    CancelMode,
+    CancelResult,
+    NodeInfo,
+    Outcome,
+    RunEvent,
+    RunInfo,
+    RunStatus,
+    Tombstone,
+)
+
+from .queries import Age, OptionalId
 
 Id = Field(pattern=ID_PATTERN, max_length=200)
 STRICT = ConfigDict(extra="forbid", allow_inf_nan=False)
+MAX_HOLD = 7 * 86400.0  # the library's bound on a tombstone
+LATEST = 4e9  # seconds since the epoch (in 2096): a time beyond is a mistake
 
 
 class ToolSpec(BaseModel):
@@ -37,7 +51,14 @@ class StartRun(BaseModel):
     app_name: str = Id
     user_id: str = Id
     session_id: str = Id
-    run_id: str | None = Field(default=None, pattern=ID_PATTERN, max_length=200)
+    run_id: OptionalId = None
+    parent: Annotated[
+        OptionalId,
+        Field(
+            description="a run this one is a child of (the caller may see it, in the same "
+            "namespace): cancelling the parent cancels it"
+        ),
+    ] = None
     agent: AgentSpec = Field(default_factory=AgentSpec)
 
 
@@ -52,9 +73,159 @@ class CancelBody(BaseModel):
     timeout: float = Field(default=5.0, ge=0.1, le=60)
 
 
-class CancelAnswer(BaseModel):
+class CancelOutcome(BaseModel):
+    """One run's answer to a cancel: the outcome, and the run as it then stood."""
+
     outcome: Outcome
     run: RunInfo | None
+
+    @classmethod
+    def of(cls, result: CancelResult) -> CancelOutcome:
+        return cls(outcome=result.outcome, run=result.run)
+
+
+class CancelAnswer(CancelOutcome):
+    """The answer to a cancel: the run's, and one per run started below it (its tree)."""
+
+    descendants: list[CancelOutcome] = Field(
+        default_factory=list,
+        description="one answer per run started below it, deepest first; the run answers "
+        "cancelled only once each of them is stopped or lost",
+    )
+
+    @classmethod
+    def of(cls, result: CancelResult) -> CancelAnswer:
+        return cls(
+            outcome=result.outcome,
+            run=result.run,
+            descendants=[CancelOutcome.of(below) for below in result.descendants],
+        )
+
+
+MetadataKey = Annotated[str, Field(min_length=1, max_length=200)]
+MetadataValue = Annotated[str, Field(max_length=1000)] | int | float | bool
+
+
+class SelectorCancel(BaseModel):
+    """Every active run that matches all the criteria given (at least one), across the
+    namespaces the node serves (only the app's, given an app). A user token's selector is its
+    own runs: its ``user_id`` is put in (another user's id matches nothing)."""
+
+    model_config = STRICT
+
+    run_id: OptionalId = None
+    app_name: OptionalId = None
+    user_id: OptionalId = None
+    session_id: OptionalId = None
+    node_id: Annotated[OptionalId, Field(description="runs owned by this node")] = None
+    metadata: dict[MetadataKey, MetadataValue] | None = Field(
+        default=None,
+        min_length=1,
+        max_length=32,
+        description="the run's metadata holds these keys with these values",
+    )
+    started_before: float | None = Field(
+        default=None, gt=0, le=LATEST, description="started before this time (Redis clock)"
+    )
+    min_age: Annotated[Age, Field(description="started at least this many seconds ago")] = None
+    dry_run: bool = Field(
+        default=True,
+        description="only count the runs that match (the default: a preview); false cancels",
+    )
+    ttl: float | None = Field(
+        default=None,
+        gt=0,
+        le=MAX_HOLD,
+        description="also cancel matching runs started, claimed or queued in the next ttl "
+        "seconds (a tombstone)",
+    )
+    until: float | None = Field(
+        default=None, gt=0, le=LATEST, description="as ttl, until this time (Redis clock)"
+    )
+    mode: CancelMode = CancelMode.CHECKPOINT
+    reason: str | None = Field(default=None, max_length=1000)
+    wait: bool = True
+    timeout: float = Field(default=5.0, ge=0.1, le=60)
+
+    @model_validator(mode="after")
+    def _one_criterion_and_one_hold(self) -> SelectorCancel:
+        criteria = (
+            self.run_id,
+            self.app_name,
+            self.user_id,
+            self.session_id,
+            self.node_id,
+            self.metadata,
+            self.started_before,
+            self.min_age,
+        )
+        if all(criterion is None for criterion in criteria):
+            raise ValueError(
+                "a selector needs at least one of run_id, app_name, user_id, session_id, "
+                "node_id, metadata, started_before, min_age"
+            )
+        if self.ttl is not None and self.until is not None:
+            raise ValueError("give ttl or until, not both")
+        if self.started_before is not None and self.min_age is not None:
+            raise ValueError("give started_before or min_age, not both")
+        return self
+
+
+class RunOutcome(BaseModel):
+    """A run's answer to a selector cancel, without its record (``GET /v1/runs/{run_id}``)."""
+
+    run_id: str | None = Field(description="null only if the run's record is gone")
+    outcome: Outcome
+    status: RunStatus | None
+    stopped_after: float | None = Field(
+        description="seconds from the cancel request to the run's end, once it ended"
+    )
+
+    @classmethod
+    def of(cls, result: CancelResult, run_id: str | None = None) -> RunOutcome:
+        return cls(**_outcome_fields(result, run_id))
+
+
+class SelectedRun(RunOutcome):
+    """A matched run's answer, and one per run started below it."""
+
+    descendants: list[RunOutcome] = Field(description="deepest first")
+
+    @classmethod
+    def of(cls, result: CancelResult, run_id: str | None = None) -> SelectedRun:
+        below = [RunOutcome.of(descendant) for descendant in result.descendants]
+        return cls(**_outcome_fields(result, run_id), descendants=below)
+
+
+def _outcome_fields(result: CancelResult, run_id: str | None) -> dict[str, Any]:
+    run = result.run
+    if run is None:
+        return {"run_id": run_id, "outcome": result.outcome, "status": None, "stopped_after": None}
+    stopped_after = None
+    if run.finished_at is not None and run.cancel_requested_at is not None:
+        stopped_after = max(0.0, run.finished_at - run.cancel_requested_at)
+    return {
+        "run_id": run.run_id,
+        "outcome": result.outcome,
+        "status": run.status,
+        "stopped_after": stopped_after,
+    }
+
+
+class SelectorAnswer(BaseModel):
+    matched: int = Field(description="active runs that matched")
+    run_ids: list[str]
+    dry_run: bool
+    results: list[SelectedRun] = Field(description="each matched run's cancel (none on a dry run)")
+    tombstones: list[Tombstone] = Field(
+        description="the holds on later runs, one per namespace (with ttl or until)"
+    )
+    at: float = Field(description="now, on the Redis server clock the timestamps use")
+
+
+class TombstoneList(BaseModel):
+    tombstones: list[Tombstone] = Field(description="the live tombstones, soonest to expire first")
+    at: float = Field(description="now, on the Redis server clock the timestamps use")
 
 
 class RunList(BaseModel):

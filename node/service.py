@@ -23,14 +23,16 @@ from cancel_bus import (
     RunHandle,
     RunInfo,
     RunStatus,
+    SelectorResult,
     StopCause,
+    Tombstone,
 )
 
 from .agent import record_cancellation, run_agent
 from .embedded import EmbeddedServer, valkey_binary
 from .metrics import Metrics
 from .queries import FINISHED, WINDOW, RunQuery, recency
-from .schemas import CancelBody, NodeView, StartRun
+from .schemas import CancelBody, NodeView, SelectorCancel, StartRun
 from .settings import Settings
 
 log = logging.getLogger("cancel_bus.node")
@@ -82,6 +84,7 @@ class NodeService:
                 signing_key=s.signing_key.get_secret_value() if s.signing_key else None,
                 verification_keys=s.accepted_keys(),
                 self_fence_after=s.self_fence_after,
+                profile_checkpoints=s.profile_checkpoints,
             )
             await bus.start()
             self._buses[namespace] = bus
@@ -246,6 +249,49 @@ class NodeService:
         self.metrics.observe_cancel(bus.keys.namespace, result)
         return result
 
+    async def cancel_where(self, body: SelectorCancel, requested_by: str) -> list[SelectorResult]:
+        """The selector cancel on each bus it concerns (only the app's, given an app), each
+        with its own tombstone; a ``min_age`` is read on that bus's clock."""
+        app_name = body.app_name
+        buses = [self.bus_for_app(app_name)] if app_name is not None else self.buses
+
+        async def select(bus: CancelBus) -> SelectorResult:
+            started_before = body.started_before
+            if body.min_age is not None:
+                started_before = bus.clock() - body.min_age
+            result = await bus.cancel_where(
+                run_id=body.run_id,
+                app_name=app_name,
+                user_id=body.user_id,
+                session_id=body.session_id,
+                node_id=body.node_id,
+                metadata=body.metadata,
+                started_before=started_before,
+                dry_run=body.dry_run,
+                ttl=body.ttl,
+                until=body.until,
+                mode=body.mode,
+                reason=body.reason,
+                requested_by=requested_by,
+                wait=body.wait,
+                timeout=body.timeout,
+            )
+            for cancelled in result.results:
+                self.metrics.observe_cancel(bus.keys.namespace, cancelled)
+            return result
+
+        return list(await asyncio.gather(*(select(bus) for bus in buses)))
+
+    async def tombstones(self) -> list[tuple[CancelBus, Tombstone]]:
+        """The live tombstones of every namespace, soonest to expire first."""
+        lists = await asyncio.gather(*(bus.tombstones() for bus in self.buses))
+        found = [
+            (bus, tombstone)
+            for bus, tombstones in zip(self.buses, lists, strict=True)
+            for tombstone in tombstones
+        ]
+        return sorted(found, key=lambda item: item[1].expires_at)
+
     def cancel_soon(self, bus: CancelBus, run_id: str, reason: str) -> None:
         """Cancel without waiting, from a context that is going away (a closed stream): the
         request's cause is the client's disconnect."""
@@ -275,6 +321,7 @@ class NodeService:
                 session_id=body.session_id,
                 metadata={"agent": body.agent.model_dump()},
                 relay=True,
+                parent=body.parent,
             ) as run:
                 handle = run
                 registered.set_result(run)

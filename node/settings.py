@@ -82,6 +82,11 @@ class Settings(BaseSettings):
         le=86400,
         description="seconds without Redis after which the node stops its runs",
     )
+    profile_checkpoints: bool = Field(
+        default=False,
+        description="record per run where it went longest without a checkpoint (a little cost "
+        "on every checkpoint)",
+    )
     data_dir: Path | None = None
     max_body_bytes: int = Field(default=64 * 1024, ge=1024, le=16 * 1024 * 1024)
     log_level: Literal["debug", "info", "warning", "error"] = "info"

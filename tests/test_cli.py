@@ -9,6 +9,7 @@ import re
 import shlex
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,28 +31,37 @@ EPOCH = re.compile(r"\b1\d{9}\.\d+")  # a raw timestamp
 def cluster(
     redis_server: EmbeddedServer, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Cluster]:
-    running = Cluster(redis_server.url, 2, tmp_path_factory.mktemp("cli")).start()
+    running = Cluster(
+        redis_server.url, 2, tmp_path_factory.mktemp("cli"), profile_checkpoints="true"
+    ).start()
     yield running
     running.stop()
 
 
-def cli(*args: str, timeout: float = 60, **env: str) -> subprocess.CompletedProcess[str]:
+def cli(
+    *args: str, timeout: float = 60, answer: str | None = None, **env: str
+) -> subprocess.CompletedProcess[str]:
+    """The command in a process of its own; ``answer``: what it reads on stdin."""
     return subprocess.run(
         [sys.executable, "-m", "node.cli", *args],
         capture_output=True,
         text=True,
         timeout=timeout,
+        input=answer,
         env={"COLUMNS": "200", "PATH": "/usr/bin:/bin", **env},
     )
 
 
-def _start(cluster: Cluster, session: str, run_id: str | None = None) -> dict[str, Any]:
+def _start(
+    cluster: Cluster, session: str, run_id: str | None = None, **extra: Any
+) -> dict[str, Any]:
     body = {
         "app_name": "app",
         "user_id": "cli",
         "session_id": session,
         "run_id": run_id,
         "agent": {"tokens": 100_000, "token_interval_ms": 5},
+        **extra,
     }
     with cluster.nodes[0].client() as client:
         response = client.post("/v1/runs", json=body)
@@ -85,6 +95,7 @@ def test_runs_run_nodes_and_cancel_through_another_node(cluster: Cluster) -> Non
 
     nodes = cli("nodes", "--url", n1.url)
     assert nodes.returncode == 0 and "node-1" in nodes.stdout and "alive" in nodes.stdout
+    assert " probe " in nodes.stdout.splitlines()[0]
     listed_nodes = json.loads(cli("nodes", "--url", n1.url, "--json").stdout)
     assert {n["node_id"] for n in listed_nodes} == {"node-1", "node-2"}
     assert all(ISO.match(n["last_heartbeat"]) for n in listed_nodes)
@@ -139,6 +150,76 @@ def test_cancel_a_session_without_waiting(cluster: Cluster) -> None:
     assert result.stdout.startswith(f"stopping: run {run['run_id']}: the cancel is recorded")
 
 
+def test_cancel_where_shows_the_preview_asks_then_cancels(cluster: Cluster) -> None:
+    url = ["--url", cluster.nodes[1].url]
+    user = f"cw-{uuid.uuid4().hex[:8]}"
+    runs = [_start(cluster, uuid.uuid4().hex, user_id=user) for _ in range(2)]
+    ids = sorted(run["run_id"] for run in runs)
+
+    preview = cli("cancel-where", "--user", user, "--dry-run", *url)
+    assert preview.returncode == Exit.OK, preview.stderr
+    assert preview.stdout.startswith(f"2 active run(s) match user={user}\n")
+    assert all(run_id in preview.stdout for run_id in ids) and " ago" in preview.stdout
+    declined = cli("cancel-where", "--user", user, *url, answer="n\n")
+    assert declined.returncode == Exit.ERROR
+    assert "Cancel 2 run(s) and the runs below them? [y/N] n\nnothing cancelled" in declined.stdout
+    listed = json.loads(cli("cancel-where", "--user", user, "--dry-run", "--json", *url).stdout)
+    assert sorted(listed["run_ids"]) == ids and listed["matched"] == 2  # untouched
+
+    done = cli("cancel-where", "--user", user, "--ttl", "1m", "--reason", "cli", *url, answer="y")
+    assert done.returncode == Exit.OK, done.stderr
+    assert "in the next 60 s? [y/N] y\n2 run(s) matched: 2 cancelled\n" in done.stdout
+    for run_id in ids:
+        assert f"  cancelled: run {run_id} stopped " in done.stdout
+    tombstone = re.search(
+        r"^tombstone (\w+): runs of user=\S+ started in the next", done.stdout, re.M
+    )
+    assert tombstone, done.stdout
+    held = cli("tombstones", *url)
+    assert tombstone[1] in held.stdout and f"user={user}" in held.stdout and "cli" in held.stdout
+    removed = cli("tombstones", "rm", tombstone[1], *url)
+    assert removed.returncode == Exit.OK and removed.stdout.startswith("removed tombstone")
+    assert cli("tombstones", "rm", tombstone[1], *url).returncode == Exit.NOT_FOUND
+    assert tombstone[1] not in cli("tombstones", *url).stdout
+
+    nothing = cli("cancel-where", "--user", user, "--dry-run", *url)
+    assert nothing.returncode == Exit.NOT_FOUND and "0 active run(s) match" in nothing.stdout
+    last = _start(cluster, uuid.uuid4().hex, user_id=user)
+    scripted = cli("cancel-where", "--user", user, "--older-than", "0s", "--yes", "--json", *url)
+    answer = json.loads(scripted.stdout)
+    assert scripted.returncode == Exit.OK and answer["run_ids"] == [last["run_id"]]
+    assert answer["results"][0]["outcome"] == "cancelled"
+
+
+def test_a_tree_in_run_and_cancel(cluster: Cluster) -> None:
+    url = ["--url", cluster.nodes[1].url]
+    slow = {"tokens": 100_000, "token_interval_ms": 20}  # the profile notes stretches > 10 ms
+    parent = _start(cluster, uuid.uuid4().hex, agent=slow)
+    child = _start(cluster, uuid.uuid4().hex, parent=parent["run_id"])
+    _profiled(cluster, parent["run_id"])
+    shown = cli("run", parent["run_id"], *url).stdout
+    assert re.search(rf"^child +{child['run_id']} \(running\)", shown, re.M), shown
+    assert re.search(r"^no checkpoint +[\d.]+ m?s after \S+/node/agent\.py:\d+", shown, re.M)
+    children = cli("runs", "--parent", parent["run_id"], "--json", *url).stdout
+    assert [run["run_id"] for run in json.loads(children)] == [child["run_id"]]
+    below_it = cli("run", child["run_id"], *url).stdout
+    assert re.search(rf"^parent +{parent['run_id']}\b", below_it, re.M), below_it
+    cancelled = cli("cancel", parent["run_id"], *url)
+    assert cancelled.returncode == Exit.OK, cancelled.stderr
+    first, below = cancelled.stdout.splitlines()
+    assert first.startswith(f"cancelled: run {parent['run_id']} stopped ")
+    assert below.startswith(f"  below it: cancelled: run {child['run_id']} stopped ")
+
+
+def _profiled(cluster: Cluster, run_id: str) -> None:
+    """Wait for the run's checkpoint profile to reach Redis (its owner syncs in batches)."""
+    deadline = time.monotonic() + 10
+    with cluster.nodes[0].client() as client:
+        while not client.get(f"/v1/runs/{run_id}").json()["slowest_checkpoints"]:
+            assert time.monotonic() < deadline, "no checkpoint profile recorded"
+            time.sleep(0.05)
+
+
 def test_not_found_names_what_was_not_found(cluster: Cluster) -> None:
     url = cluster.nodes[0].url
     missing = cli("cancel", "deadbeef", "--url", url)
@@ -163,6 +244,14 @@ def test_not_found_names_what_was_not_found(cluster: Cluster) -> None:
         (["run", "a b"], Exit.ERROR, "answered HTTP 422: path.run_id: "),
         (["cancel", "x", "--timeout", "0"], Exit.ERROR, "HTTP 422: body.timeout: "),
         (["demo", "--nodes", "1"], Exit.USAGE, "at least 2 nodes"),
+        (["cancel-where", "--meta", "tier"], Exit.USAGE, "'tier' is not KEY=VALUE"),
+        (["cancel-where", "--meta", "n:=[1]"], Exit.USAGE, "KEY:= takes a number"),
+        (["cancel-where", "--started-before", "soon"], Exit.USAGE, "'soon' is not a time"),
+        (["cancel-where", "--ttl", "1m", "--until", "12:00"], Exit.USAGE, "not allowed with"),
+        (["cancel-where", "--app", "a", "--json"], Exit.USAGE, "--json needs --yes or --dry-run"),
+        (["cancel-where", "--dry-run"], Exit.ERROR, "HTTP 422: body: Value error, a selector"),
+        (["tombstones", "rm"], Exit.USAGE, "tombstones rm needs a TOMBSTONE_ID"),
+        (["tombstones", "drop"], Exit.USAGE, "invalid choice: 'drop'"),
     ],
 )
 def test_errors_are_one_line_with_a_distinct_exit_code(
@@ -176,7 +265,8 @@ def test_errors_are_one_line_with_a_distinct_exit_code(
 
 def test_help_describes_every_option_and_its_choices() -> None:
     top = cli("--help").stdout
-    for command in ("serve", "demo", "runs", "run", "cancel", "nodes", "acl-rules"):
+    commands = ("serve", "demo", "runs", "run", "cancel", "cancel-where", "tombstones", "nodes")
+    for command in (*commands, "acl-rules"):
         assert re.search(rf"^    {command}\s+\S", top, re.M), command  # each with its help
     runs = cli("runs", "--help").stdout
     assert "{active,finished,all,queued,running,waiting,succeeded,failed,cancelled}" in runs

@@ -1,8 +1,9 @@
 """The ops dashboard in a real headless Chromium, against real nodes with API tokens: filter,
-open a run's detail, cancel one (confirmed, with mode and reason, the outcome shown), rows that
-keep their place, a narrow screen and a user token, a dying node flagged before its lease runs
-out, and the API docs offline. Screenshots are kept under ``.cache/artifacts/dashboard/``
-(``CANCEL_BUS_ARTIFACTS`` elsewhere)."""
+open a run's detail, cancel one (confirmed, with mode and reason, the outcome shown), cancel
+every matching run (a preview, a tombstone, its removal), a run's tree, leak and checkpoint
+profile, rows that keep their place, a narrow screen and a user token, a dying node flagged
+before its lease runs out, and the API docs offline. Screenshots are kept under
+``.cache/artifacts/dashboard/`` (``CANCEL_BUS_ARTIFACTS`` elsewhere)."""
 
 from __future__ import annotations
 
@@ -62,6 +63,7 @@ def cluster(
         tmp_path_factory.mktemp("dash"),
         api_tokens=json.dumps(tokens),
         lease_ttl="6",  # a heartbeat every 2 s: "late" shows for 3 s before the lease expires
+        profile_checkpoints="true",
     ).start()
     yield running
     running.stop()
@@ -90,16 +92,13 @@ def _page(browser: Any, node: NodeProcess, token: str, hash_: str = "", width: i
     return page
 
 
-def _start(node: NodeProcess, token: str, app: str, user: str, **agent: Any) -> dict[str, Any]:
-    body = {
-        "app_name": app,
-        "user_id": user,
-        "session_id": uuid.uuid4().hex,
-        "agent": agent or LONG,
-    }
+def _start(
+    node: NodeProcess, token: str, app: str, user: str, expect: int = 201, **extra: Any
+) -> dict[str, Any]:
+    body = {"app_name": app, "user_id": user, "session_id": uuid.uuid4().hex, "agent": LONG}
     with node.client(token) as client:
-        response = client.post("/v1/runs", json=body)
-    assert response.status_code == 201, response.text
+        response = client.post("/v1/runs", json={**body, **extra})
+    assert response.status_code == expect, response.text
     run: dict[str, Any] = response.json()
     return run
 
@@ -124,7 +123,7 @@ def test_filter_open_the_detail_and_cancel_one(cluster: Cluster, browser: Any) -
     shop, bank = f"shop-{uuid.uuid4().hex[:6]}", f"bank-{uuid.uuid4().hex[:6]}"
     ann = _start(owner, OPS, shop, "ann")
     bob = _start(owner, OPS, bank, "bob")
-    done = _start(owner, OPS, shop, "cat", tokens=2, token_interval_ms=1)
+    done = _start(owner, OPS, shop, "cat", agent={"tokens": 2, "token_interval_ms": 1})
     page = _page(browser, viewer, OPS)
     try:
         _filter(page, shop, ann, bob, done)
@@ -210,6 +209,131 @@ def _cancel_confirmed(page: Any, node: NodeProcess, run: dict[str, Any]) -> None
     _shot(page, "detail")
 
 
+def test_cancel_every_matching_run_after_a_preview(cluster: Cluster, browser: Any) -> None:
+    """The filters are the selector; the button says why when they cannot be one; a preview
+    with the count and the ids, then the outcome; the tombstone shown, and removed."""
+    from playwright.sync_api import expect
+
+    owner, viewer = cluster.nodes
+    app = f"bulk-{uuid.uuid4().hex[:6]}"
+    chosen = [_start(owner, OPS, app, "ann"), _start(owner, OPS, app, "ben")]
+    spared = _start(owner, OPS, f"{app}-other", "ann")
+    page = _page(browser, viewer, OPS, f"app_name={app}")
+    try:
+        expect(page.locator("#runs tbody tr")).to_have_count(2, timeout=WAIT)
+        _bulk_only_for_a_selector(page)
+        _bulk_confirmed(page, app, chosen)
+        _tombstone_shown_and_removed(page, owner, app)
+    finally:
+        page.close()
+    with owner.client(OPS) as client:
+        for run in chosen:
+            final = client.get(f"/v1/runs/{run['run_id']}").json()
+            assert final["status"] == "cancelled" and final["cancel_reason"] == "bulk"
+        assert client.get(f"/v1/runs/{spared['run_id']}").json()["status"] == "running"
+        client.post(f"/v1/runs/{spared['run_id']}/cancel", json={"wait": False})
+
+
+def _bulk_only_for_a_selector(page: Any) -> None:
+    """Enabled for filters a cancel takes; otherwise disabled, saying why."""
+    from playwright.sync_api import expect
+
+    bulk = page.get_by_role("button", name="Cancel all matching…")
+    why = page.locator("#bulk-why")
+    expect(bulk).to_be_enabled()
+    page.get_by_label("Phase").fill("llm")
+    expect(bulk).to_be_disabled(timeout=WAIT)
+    expect(why).to_contain_text("The phase filter cannot select runs to cancel")
+    page.get_by_label("Phase").fill("")
+    page.get_by_label("Status").select_option("all")
+    expect(why).to_contain_text("set Status to active", timeout=WAIT)
+    page.get_by_label("Status").select_option("active")
+    expect(bulk).to_be_enabled(timeout=WAIT)
+    expect(why).to_have_text("")
+
+
+def _bulk_confirmed(page: Any, app: str, chosen: list[dict[str, Any]]) -> None:
+    """The preview (count, ids), a reason and a tombstone, then the outcome."""
+    from playwright.sync_api import expect
+
+    page.get_by_role("button", name="Cancel all matching…").click()
+    confirm = page.locator("#confirm")
+    expect(confirm).to_be_visible(timeout=WAIT)
+    expect(confirm).to_contain_text(f"2 active run(s) match app={app}")
+    for run in chosen:
+        expect(confirm.locator("#confirm-ids")).to_contain_text(run["run_id"])
+    confirm.get_by_label("Reason").fill("bulk")
+    confirm.get_by_label("Also cancel matching runs started in the next").check()
+    confirm.get_by_label("Seconds the tombstone holds").fill("30")
+    _shot(page, "bulk-confirm")
+    confirm.get_by_role("button", name="Cancel 2 run(s)").click()
+    notice = page.locator("#notice")
+    expect(notice).to_have_attribute("data-outcome", "bulk", timeout=WAIT)
+    expect(notice).to_contain_text(f"2 run(s) of app={app} matched: 2 cancelled.")
+    expect(page.locator("#runs tbody tr")).to_have_count(0, timeout=WAIT)
+
+
+def _tombstone_shown_and_removed(page: Any, owner: NodeProcess, app: str) -> None:
+    from playwright.sync_api import expect
+
+    tombstones = page.locator("#tombstones-section")
+    expect(tombstones).to_be_visible(timeout=WAIT)
+    row = tombstones.locator("tbody tr")
+    expect(row).to_have_count(1)
+    expect(row).to_contain_text(f"app={app}")
+    expect(row).to_contain_text("bulk")
+    _shot(page, "bulk-done")
+    _start(owner, OPS, app, "cat", expect=409)  # held: cancelled at its start
+    row.get_by_role("button", name="Remove").click()
+    expect(page.locator("#notice")).to_have_attribute(
+        "data-outcome", "tombstone-removed", timeout=WAIT
+    )
+    expect(tombstones).to_be_hidden(timeout=WAIT)
+    free = _start(owner, OPS, app, "cat")  # no longer held
+    with owner.client(OPS) as client:
+        client.post(f"/v1/runs/{free['run_id']}/cancel", json={"wait": False})
+
+
+def test_a_run_tree_its_leak_and_its_checkpoint_profile(cluster: Cluster, browser: Any) -> None:
+    """The detail links a run's parent and children, the cancel says what happened below it,
+    a child started after the end shows as a leak, and the slowest checkpoint sites show."""
+    from playwright.sync_api import expect
+
+    owner, viewer = cluster.nodes
+    app = f"tree-{uuid.uuid4().hex[:6]}"
+    parent = _start(owner, OPS, app, "u")
+    child = _start(viewer, OPS, app, "u", parent=parent["run_id"])
+    page = _page(browser, viewer, OPS, f"status=all&app_name={app}")
+    detail = page.locator("#detail")
+    try:
+        expect(page.locator("#nodes tbody tr .probe").first).to_contain_text(" ms · ", timeout=WAIT)
+        _row(page, parent).get_by_role("button", name=f"Details of run {parent['run_id']}").click()
+        expect(detail).to_be_visible(timeout=WAIT)
+        fields = detail.locator("#d-fields")
+        expect(fields).to_contain_text(f"{child['run_id']} (running)", timeout=WAIT)
+        slowest = detail.locator("#d-slow")
+        expect(slowest).to_be_visible(timeout=WAIT)
+        expect(slowest).to_contain_text("node/agent.py:")  # the simulated agent's checkpoint
+        fields.get_by_role("button", name=f"Details of run {child['run_id']}").click()
+        expect(detail.locator("#d-id")).to_have_text(child["run_id"], timeout=WAIT)
+        fields.get_by_role("button", name=f"Details of run {parent['run_id']}").click()
+        expect(detail.locator("#d-id")).to_have_text(parent["run_id"], timeout=WAIT)
+
+        detail.get_by_role("button", name="Cancel run…").click()
+        page.locator("#confirm").get_by_role("button", name="Cancel the run").click()
+        notice = page.locator("#notice")
+        expect(notice).to_have_attribute("data-outcome", "cancelled", timeout=WAIT)
+        expect(notice).to_contain_text("1 run(s) below it: 1 cancelled.")
+        expect(fields).to_contain_text(f"{child['run_id']} (cancelled)", timeout=WAIT)
+        _start(owner, OPS, app, "u", expect=409, parent=parent["run_id"])  # never starts...
+        detail.locator(".close").first.click()  # ... and its parent's code leaked it: reopen
+        _row(page, parent).get_by_role("button", name=f"Details of run {parent['run_id']}").click()
+        expect(fields).to_contain_text("child_started 1", timeout=WAIT)
+        _shot(page, "tree-detail")
+    finally:
+        page.close()
+
+
 def test_live_rows_keep_their_place(cluster: Cluster, browser: Any) -> None:
     from playwright.sync_api import expect
 
@@ -251,6 +375,7 @@ def test_a_narrow_screen_and_a_user_token(cluster: Cluster, browser: Any) -> Non
         box = cancel.bounding_box()
         assert box is not None and box["x"] >= 0 and box["x"] + box["width"] <= 420, box
         assert page.evaluate("document.documentElement.scrollWidth") <= 420
+        expect(page.get_by_role("button", name="Cancel all matching…")).to_be_enabled()  # its own
         note = page.locator("#nodes-note")
         expect(note).to_contain_text("listed for ops tokens only")
         expect(note).to_contain_text("user alice")

@@ -241,6 +241,11 @@ NUMERIC_FIELDS = [
     ("/v1/runs/stream", {"agent": {"tools": [{"name": "t", "duration_ms": "X"}]}}, "duration_ms"),
     ("/v1/runs/r1/cancel", {"timeout": "X"}, "timeout"),
     ("/v1/sessions/a/u/s/cancel", {"timeout": "X"}, "timeout"),
+    ("/v1/cancel-where", {"user_id": "u", "ttl": "X"}, "ttl"),
+    ("/v1/cancel-where", {"user_id": "u", "until": "X"}, "until"),
+    ("/v1/cancel-where", {"user_id": "u", "min_age": "X"}, "min_age"),
+    ("/v1/cancel-where", {"started_before": "X"}, "started_before"),
+    ("/v1/cancel-where", {"user_id": "u", "timeout": "X"}, "timeout"),
 ]
 
 

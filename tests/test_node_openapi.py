@@ -19,8 +19,8 @@ BODY = {400, 413, 422, 503}
 # route -> every status it can answer (the fuzzing of tests/test_node_schema.py checks that
 # nothing else comes back; this checks nothing else is promised)
 ANSWERS = {
-    ("post", "/v1/runs"): {201, 401, 403, 409} | BODY,
-    ("post", "/v1/runs/stream"): {200, 401, 403, 409} | BODY,
+    ("post", "/v1/runs"): {201, 401, 403, 404, 409} | BODY,
+    ("post", "/v1/runs/stream"): {200, 401, 403, 404, 409} | BODY,
     ("get", "/v1/runs/{run_id}/stream"): {200, 401, 404, 422, 503},
     ("post", "/v1/runs/{run_id}/cancel"): {200, 202, 401, 404, 409} | BODY,
     ("post", "/v1/sessions/{app_name}/{user_id}/{session_id}/cancel"): {200, 202, 401, 404, 409}
@@ -29,6 +29,9 @@ ANSWERS = {
     ("get", "/v1/runs/{run_id}"): {200, 401, 404, 422, 503},
     ("get", "/v1/runs/{run_id}/events"): {200, 401, 404, 422, 503},
     ("get", "/v1/nodes"): {200, 401, 403, 503},
+    ("post", "/v1/cancel-where"): {200, 401} | BODY,
+    ("get", "/v1/tombstones"): {200, 401, 503},
+    ("delete", "/v1/tombstones/{tombstone_id}"): {200, 401, 404, 422, 503},
     ("get", "/v1/dashboard/feed"): {200, 401, 422},
     ("get", "/metrics"): {200, 401, 403},
     ("get", "/healthz"): {200},

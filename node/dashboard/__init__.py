@@ -1,5 +1,6 @@
 """The ops dashboard: static files (plain HTML, CSS and JS, no build step, no CDN) and the SSE
-feed they read: the runs a filter asks for and, for ops, the nodes, once a second."""
+feed they read: the runs a filter asks for, the tombstones and, for ops, the nodes, once a
+second."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from sse_starlette import ServerSentEvent
 from cancel_bus import BusUnavailable
 
 from .. import sse
-from ..api import Node, check_window, errors, runs_for
+from ..api import Node, check_window, errors, runs_for, tombstones_for
 from ..auth import CurrentPrincipal, Principal
 from ..queries import RunQuery
 from ..service import NodeService
@@ -66,7 +67,8 @@ async def feed(
     query: Annotated[RunQuery, Query()], node: Node, principal: CurrentPrincipal
 ) -> sse.EventStream:
     """Once a second, a ``snapshot``: the page of runs ``query`` asks for (as ``GET /v1/runs``,
-    without their output) and, for an ops token, the nodes; ``unavailable`` while Redis is."""
+    without their output), the tombstones (as ``GET /v1/tombstones``) and, for an ops token,
+    the nodes; ``unavailable`` while Redis is."""
     check_window(query)
     return sse.EventStream(_snapshots(node, principal, query), node.metrics.open_streams)
 
@@ -77,6 +79,7 @@ async def _snapshots(
     while not node.draining:
         try:
             runs = await runs_for(node, principal, query)
+            tombstones = await tombstones_for(node, principal)
             nodes = await node.list_nodes() if principal.is_ops else None
             yield sse.event(
                 "snapshot",
@@ -86,6 +89,7 @@ async def _snapshots(
                     "viewer": {"role": principal.role, "user_id": principal.user_id},
                     "runs": [run.model_dump(mode="json", exclude={"output"}) for run in runs.runs],
                     "more": runs.more,
+                    "tombstones": [t.model_dump(mode="json") for t in tombstones],
                     "nodes": None if nodes is None else [n.model_dump(mode="json") for n in nodes],
                 },
             )

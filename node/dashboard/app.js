@@ -1,11 +1,15 @@
 "use strict";
 // The cancel-bus ops dashboard. One server-sent event feed (/v1/dashboard/feed) brings, once a
-// second, the page of runs the filters ask for and (for an ops token) the nodes. Rows are
-// updated in place and never reordered: a new row is put where the server lists it, next to
-// the rows already shown, and a row that no longer matches is removed.
+// second, the page of runs the filters ask for, the tombstones this token may see and (for an
+// ops token) the nodes. Rows are updated in place and never reordered: a new row is put where
+// the server lists it, next to the rows already shown, and a row that no longer matches is
+// removed. The filters are also the selector of "Cancel all matching…" (POST /v1/cancel-where),
+// when they are ones it takes.
 
 const $ = (selector, root = document) => root.querySelector(selector);
 const PAGE_SIZE = 50;
+const SHOWN_IDS = 10; // of the runs a bulk cancel's preview matched
+const SLOWEST_SHOWN = 5; // checkpoint sites of a run's profile
 const TOKEN_KEY = "cancel-bus-token";
 const state = {
   token: sessionStorage.getItem(TOKEN_KEY) || "",
@@ -17,8 +21,9 @@ const state = {
   runRows: new Map(), // run_id -> <tr>
   runs: new Map(), // run_id -> the run as last seen
   nodeRows: new Map(), // node_id -> <tr>
+  tombstoneRows: new Map(), // tombstone_id -> <tr>
   detail: null, // {runId, opener, timer}
-  confirm: null, // {run, opener}
+  confirm: null, // {opener, run} (one run) or {opener, selector, matched} (every matching run)
 };
 
 // -- formatting -----------------------------------------------------------------------------
@@ -61,6 +66,24 @@ function setText(node, text) {
   if (node.textContent !== text) node.textContent = text;
 }
 
+function counts(outcomes) {
+  // "3 cancelled, 1 stopping"
+  const by = new Map();
+  for (const {outcome} of outcomes) by.set(outcome, (by.get(outcome) || 0) + 1);
+  return [...by].map(([outcome, n]) => `${n} ${outcome}`).join(", ");
+}
+
+function describe(selector) {
+  // "app=shop user=alice started 1 min ago or earlier"
+  const names = {app_name: "app", user_id: "user", session_id: "session", node_id: "node"};
+  return Object.entries(selector).map(([key, value]) => {
+    if (key === "min_age") return `started ${span(value)} ago or earlier`;
+    if (key === "started_before") return `started before ${clock(value).slice(11, 19)}`;
+    if (key === "metadata") return Object.entries(value).map(([k, v]) => `${k}=${v}`).join(" ");
+    return `${names[key] || key}=${value}`;
+  }).join(" ");
+}
+
 function pill(node, key, text) {
   let badge = node.firstElementChild;
   if (!badge) node.append(badge = element("span"));
@@ -83,11 +106,20 @@ async function api(method, path, body) {
   return {status: response.status, answer};
 }
 
+async function request(method, path, body) {
+  // as api(), with a network failure answered as status 0
+  try {
+    return await api(method, path, body);
+  } catch (error) {
+    return {status: 0, answer: {detail: error.message}};
+  }
+}
+
 function failure(response) {
   return `HTTP ${response.status}: ${response.answer.detail || "no detail"}`;
 }
 
-// -- the filters (also the selector an action on every matching run will take) ------------------
+// -- the filters (also the selector of a cancel of every matching run) ---------------------------
 
 function filterParams() {
   const params = new URLSearchParams();
@@ -116,7 +148,43 @@ function applyFilters() {
   if (state.offset) params.set("offset", state.offset);
   history.replaceState(null, "", "#" + params);
   clearRuns();
+  updateBulk();
   follow();
+}
+
+const SELECTOR_FILTERS = ["app_name", "user_id", "session_id", "node_id"];
+const NOT_SELECTORS = {id_prefix: "run id prefix", phase: "phase", max_age: "“started in the last…”"};
+
+function bulkSelector() {
+  // The filters as the selector of POST /v1/cancel-where: {selector}, or {why} they are not one
+  // (it takes active runs by app, user, session, node and age; not by status, phase or id).
+  const params = filterParams();
+  const status = params.get("status") || "active";
+  if (status !== "active") {
+    return {why: `Cancelling every matching run takes the active runs: set Status to active ` +
+      `(it is ${status}).`};
+  }
+  for (const [name, label] of Object.entries(NOT_SELECTORS)) {
+    if (params.has(name)) {
+      return {why: `The ${label} filter cannot select runs to cancel (a cancel takes app, ` +
+        `user, session, node and “older than”): clear it.`};
+    }
+  }
+  const selector = {};
+  for (const name of SELECTOR_FILTERS) if (params.has(name)) selector[name] = params.get(name);
+  if (params.has("min_age")) selector.min_age = Number(params.get("min_age"));
+  if (!Object.keys(selector).length) {
+    if (!state.viewer) return {why: "Waiting for the node…"};
+    if (state.viewer.role !== "ops") selector.user_id = state.viewer.user_id; // all of its own
+    else return {why: "Choose an app, user, session, node or age to cancel the runs it selects."};
+  }
+  return {selector};
+}
+
+function updateBulk() {
+  const {why} = bulkSelector();
+  $("#bulk-cancel").disabled = Boolean(why);
+  setText($("#bulk-why"), why || "");
 }
 
 let typing = null;
@@ -191,7 +259,9 @@ function onSnapshot(snapshot) {
   setText($("#me"), `via ${snapshot.node_id} · ${who}`);
   $("#forget-token").hidden = !state.token;
   renderRuns(snapshot.runs, snapshot.more);
+  renderTombstones(snapshot.tombstones);
   renderNodes(snapshot.nodes, snapshot.node_id);
+  updateBulk();
   setStatus("live", "live");
 }
 
@@ -292,7 +362,8 @@ function makeNodeRow(node) {
   return element("tr", {"data-node-id": node.node_id},
     element("td", {class: "node"}, show), element("td", {class: "state"}),
     element("td", {class: "heartbeat"}), element("td", {class: "lease"}),
-    element("td", {class: "runs"}), element("td", {class: "up wide"}),
+    element("td", {class: "probe wide"}), element("td", {class: "runs"}),
+    element("td", {class: "up wide"}),
     element("td", {class: "version wide"}));
 }
 
@@ -302,6 +373,9 @@ function updateNodeRow(row, node) {
   pill($(".state", row), node.state, NODE_STATES[node.state]);
   setText($(".heartbeat", row), span(node.heartbeat_age) + " ago");
   setText($(".lease", row), node.state === "expired" ? "—" : span(node.lease_left));
+  const probed = node.probe_at !== null && node.probe_latency_ms !== null;
+  setText($(".probe", row), probed ? `${span(node.probe_latency_ms / 1000)} · ${ago(node.probe_at)}` : "—");
+  $(".probe", row).title = "the last probe of its own channel through Redis: latency, when";
   setText($(".runs", row), String(node.active_runs));
   setText($(".up", row), span(Math.max(0, state.at - node.started_at)));
   setText($(".version", row), node.version);
@@ -325,6 +399,49 @@ function renderNodes(nodes, here) {
   $("#node-ids").replaceChildren(...ids);
 }
 
+// -- tombstones -----------------------------------------------------------------------------
+
+function makeTombstoneRow(tombstone) {
+  const id = tombstone.tombstone_id;
+  const remove = element("button", {type: "button", class: "danger remove",
+    "aria-label": "Remove tombstone " + id}, "Remove");
+  remove.addEventListener("click", () => removeTombstone(tombstone, remove));
+  return element("tr", {"data-tombstone-id": id},
+    element("td", {class: "id"}, id), element("td", {class: "selector"}),
+    element("td", {class: "mode wide"}), element("td", {class: "by wide"}),
+    element("td", {class: "reason wide"}), element("td", {class: "expires"}),
+    element("td", {class: "actions"}, remove));
+}
+
+function updateTombstoneRow(row, tombstone) {
+  setText($(".selector", row), describe(tombstone.selector));
+  setText($(".mode", row), tombstone.mode);
+  setText($(".by", row), tombstone.requested_by || "—");
+  setText($(".reason", row), tombstone.reason || "—");
+  setText($(".expires", row), "in " + span(Math.max(0, tombstone.expires_at - state.at)));
+  $(".expires", row).title = clock(tombstone.expires_at);
+}
+
+function renderTombstones(tombstones) {
+  $("#tombstones-section").hidden = !tombstones.length;
+  place($("#tombstones tbody"), state.tombstoneRows, tombstones, (t) => t.tombstone_id,
+    makeTombstoneRow, updateTombstoneRow);
+  setText($("#tombstone-count"), `${tombstones.length} live`);
+}
+
+async function removeTombstone(tombstone, button) {
+  button.disabled = true;
+  const id = tombstone.tombstone_id;
+  const response = await request("DELETE", "/v1/tombstones/" + encodeURIComponent(id));
+  if (response.status === 200) {
+    notify("ok", "tombstone-removed",
+      `Tombstone ${id} removed: runs of ${describe(tombstone.selector)} start again.`);
+  } else {
+    notify("bad", "error", `Removing tombstone ${id} failed: ${failure(response)}`);
+    button.disabled = false;
+  }
+}
+
 // -- run detail -----------------------------------------------------------------------------
 
 async function openDetail(runId, opener) {
@@ -339,28 +456,54 @@ function closeDetailTimer() {
   if (state.detail) clearInterval(state.detail.timer);
 }
 
+function showRun(runId) {
+  // another run of the tree, in the same dialog: closing it returns to where it was opened
+  openDetail(runId, state.detail ? state.detail.opener : null);
+}
+
+function runLink(runId) {
+  const link = element("button", {type: "button", class: "link id",
+    "aria-label": "Details of run " + runId}, runId);
+  link.addEventListener("click", () => showRun(runId));
+  return link;
+}
+
 async function refreshDetail() {
   const detail = state.detail;
   if (!detail) return;
   const path = "/v1/runs/" + encodeURIComponent(detail.runId);
-  const [run, events] = await Promise.all([api("GET", path), api("GET", path + "/events")]);
+  const below = "/v1/runs?status=all&limit=100&parent=" + encodeURIComponent(detail.runId);
+  const [run, events, children] = await Promise.all(
+    [api("GET", path), api("GET", path + "/events"), api("GET", below)]);
   if (state.detail !== detail) return;
   if (run.status !== 200) {
     setText($("#d-id"), detail.runId);
     $("#d-fields").replaceChildren(element("dt", {}, "error"), element("dd", {}, failure(run)));
     return;
   }
-  renderDetail(run.answer, events.status === 200 ? events.answer.events : []);
+  renderDetail(run.answer, events.status === 200 ? events.answer.events : [],
+    children.status === 200 ? children.answer.runs : []);
   if (!isActive(run.answer)) clearInterval(detail.timer);
 }
 
-function renderDetail(run, events) {
+function leakOf(leak) {
+  // "emit 3, phase 1 — first: emit at agent.py:30"
+  if (!leak) return null;
+  const calls = Object.entries(leak.calls || {}).map(([call, n]) => `${call} ${n}`).join(", ");
+  return calls + (leak.first_call ? ` — first: ${leak.first_call} at ${leak.first_site || "?"}` : "");
+}
+
+function renderDetail(run, events, children) {
   setText($("#d-id"), run.run_id);
   const fields = [
     ["status", run.stopping ? "stopping (a cancel is on its way)" : run.status],
     ["end reason", run.end_reason],
     ["owner", run.owner],
     ["app / user / session", sessionOf(run)],
+    ["parent", run.parent && runLink(run.parent)],
+    ["children", children.length && element("span", {class: "children"},
+      ...children.flatMap((child, i) => [i ? ", " : "", runLink(child.run_id),
+        ` (${child.stopping ? "stopping" : child.status})`]))],
     ["created", `${clock(run.created_at)} (${ago(run.created_at)})`],
     ["started", run.started_at && clock(run.started_at)],
     ["finished", run.finished_at && `${clock(run.finished_at)} (${ago(run.finished_at)})`],
@@ -370,11 +513,13 @@ function renderDetail(run, events) {
       ` (${run.cancel_cause || "user"})`],
     ["cancel reason", run.cancel_reason],
     ["error", run.error],
+    ["leaked after its end", leakOf(run.leaked_after_cancel)],
     ["metadata", run.metadata && JSON.stringify(run.metadata)],
   ];
   $("#d-fields").replaceChildren(...fields.filter(([, value]) => value)
     .flatMap(([name, value]) => [element("dt", {}, name), element("dd", {}, value)]));
   renderPhases(run);
+  renderSlowest(run.slowest_checkpoints);
   const first = events.length ? events[0].at : 0;
   $("#d-events tbody").replaceChildren(...events.map((event) => element("tr", {},
     element("td", {}, event.type), element("td", {}, clock(event.at).slice(11)),
@@ -392,6 +537,13 @@ function renderDetail(run, events) {
   cancel.onclick = () => askCancel(run, cancel);
 }
 
+function renderSlowest(slowest) {
+  const worst = Object.entries(slowest || {}).sort((a, b) => b[1] - a[1]).slice(0, SLOWEST_SHOWN);
+  $("#d-slow-wrap").hidden = !worst.length;
+  $("#d-slow tbody").replaceChildren(...worst.map(([site, ms]) => element("tr", {},
+    element("td", {}, span(ms / 1000)), element("td", {class: "id"}, site))));
+}
+
 function renderPhases(run) {
   const requested = run.cancel_requested_at;
   const steps = requested === null ? [["no cancel was requested", ""]] : [
@@ -404,38 +556,88 @@ function renderPhases(run) {
     element("li", {"data-phase": name}, element("b", {}, name), value ? " " + value : "")));
 }
 
-// -- cancel, confirmed ----------------------------------------------------------------------
+// -- cancel, confirmed (one run, or every matching run) -----------------------------------------
+
+function openConfirm(title, what, submit, keep, bulk) {
+  setText($("#confirm-title"), title);
+  setText($("#confirm-what"), what);
+  $("#confirm-form").reset();
+  $("#c-hold-field").hidden = !bulk;
+  $("#confirm-ids").hidden = !bulk || !bulk.ids.length;
+  $("#confirm-ids").replaceChildren(...(bulk ? bulk.ids : []).map((id) =>
+    element("li", {class: "id"}, id)));
+  setText($("#c-submit"), submit);
+  setText($("#c-keep"), keep);
+  updateSubmit();
+  $("#confirm").showModal();
+}
+
+function updateSubmit() {
+  // a cancel of every matching run that matches none only makes sense with a tombstone
+  const {confirm} = state;
+  const nothing = confirm && confirm.selector && !confirm.matched;
+  $("#c-submit").disabled = Boolean(nothing) && !$("#c-hold").checked;
+  $("#c-ttl").disabled = !$("#c-hold").checked;
+}
 
 function askCancel(run, opener) {
   state.confirm = {run, opener};
   const where = run.owner ? `on node ${run.owner}` : "not on a node yet";
-  setText($("#confirm-what"),
-    `Run ${run.run_id} (${sessionOf(run)}), ${run.status}${run.phase ? " in " + run.phase : ""}, ${where}.`);
-  $("#confirm-form").reset();
-  $("#confirm").showModal();
+  openConfirm("Cancel this run?",
+    `Run ${run.run_id} (${sessionOf(run)}), ${run.status}${run.phase ? " in " + run.phase : ""}, ` +
+    `${where}. The runs started below it are cancelled too.`,
+    "Cancel the run", "Keep it running", null);
+}
+
+async function askBulk(opener) {
+  // the preview first: how many runs match now, and which
+  const {selector} = bulkSelector();
+  if (!selector) return;
+  opener.disabled = true;
+  const preview = await request("POST", "/v1/cancel-where", {...selector, dry_run: true});
+  opener.disabled = false;
+  if (preview.status !== 200) {
+    notify("bad", "error", `Counting the matching runs failed: ${failure(preview)}`);
+    return;
+  }
+  const {matched, run_ids: ids} = preview.answer;
+  state.confirm = {selector, opener, matched};
+  const which = matched > SHOWN_IDS ? `; the first ${SHOWN_IDS}:` : matched ? ":" : ".";
+  openConfirm("Cancel every matching run?",
+    `${matched} active run(s) match ${describe(selector)} now, with the runs below them${which}`,
+    `Cancel ${matched} run(s)`, "Keep them running", {ids: ids.slice(0, SHOWN_IDS)});
 }
 
 async function confirmCancel(event) {
   event.preventDefault();
-  const {run, opener} = state.confirm;
+  const {run, selector, opener} = state.confirm;
   const form = new FormData($("#confirm-form"));
   $("#confirm").close();
   opener.disabled = true;
   const body = {mode: form.get("mode"), reason: form.get("reason").trim() || null, wait: true, timeout: 5};
-  const path = "/v1/runs/" + encodeURIComponent(run.run_id) + "/cancel";
-  let response;
-  try {
-    response = await api("POST", path, body);
-  } catch (error) {
-    response = {status: 0, answer: {detail: error.message}};
+  if (selector) {
+    if (form.get("hold")) body.ttl = Number(form.get("ttl"));
+    const response = await request("POST", "/v1/cancel-where", {...selector, ...body, dry_run: false});
+    showBulkOutcome(selector, response);
+    opener.disabled = false;
+    updateBulk();
+    return;
   }
+  const response = await request("POST", "/v1/runs/" + encodeURIComponent(run.run_id) + "/cancel", body);
   showOutcome(run.run_id, response);
   if (![200, 202, 409].includes(response.status)) opener.disabled = false;
   if (state.detail && state.detail.runId === run.run_id) refreshDetail();
 }
 
-function showOutcome(runId, response) {
+function notify(tone, outcome, text) {
   const notice = $("#notice");
+  notice.dataset.tone = tone;
+  notice.dataset.outcome = outcome;
+  notice.textContent = text;
+  notice.hidden = false;
+}
+
+function showOutcome(runId, response) {
   const outcome = response.answer.outcome;
   const run = response.answer.run;
   const messages = {
@@ -449,10 +651,27 @@ function showOutcome(runId, response) {
   };
   const [tone, text] = messages[outcome] ? messages[outcome]() :
     ["bad", `Cancelling run ${runId} failed: ${failure(response)}`];
-  notice.dataset.tone = tone;
-  notice.dataset.outcome = outcome || "error";
-  notice.textContent = text;
-  notice.hidden = false;
+  const below = response.answer.descendants || [];
+  const tree = below.length ? ` ${below.length} run(s) below it: ${counts(below)}.` : "";
+  notify(tone, outcome || "error", text + tree);
+}
+
+function showBulkOutcome(selector, response) {
+  if (response.status !== 200) {
+    notify("bad", "error", `Cancelling the runs of ${describe(selector)} failed: ${failure(response)}`);
+    return;
+  }
+  const {matched, results, tombstones} = response.answer;
+  const below = results.flatMap((result) => result.descendants);
+  let text = `${matched} run(s) of ${describe(selector)} matched` +
+    (results.length ? `: ${counts(results)}.` : ".");
+  if (below.length) text += ` ${below.length} run(s) below them: ${counts(below)}.`;
+  for (const tombstone of tombstones) {
+    text += ` Tombstone ${tombstone.tombstone_id} cancels matching runs started until ` +
+      `${clock(tombstone.expires_at).slice(11, 19)}.`;
+  }
+  const done = [...results, ...below].every((r) => ["cancelled", "owner_lost"].includes(r.outcome));
+  notify(done ? "ok" : "warn", "bulk", text);
 }
 
 function restoreFocus(opener) {
@@ -501,6 +720,8 @@ function start() {
     restoreFocus(opener);
   });
   $("#confirm-form").addEventListener("submit", confirmCancel);
+  $("#c-hold").addEventListener("change", updateSubmit);
+  $("#bulk-cancel").addEventListener("click", (event) => askBulk(event.currentTarget));
   $("#c-keep").addEventListener("click", () => $("#confirm").close());
   $("#confirm").addEventListener("close", () => restoreFocus(state.confirm && state.confirm.opener));
   document.addEventListener("keydown", (event) => {

@@ -138,7 +138,12 @@ VALUE_SETS: dict[str, tuple[dict[str, Any], str | None, str | None]] = {
         {
             "auth": {"tokens": TOKENS, "generateOpsToken": False},
             "redis": {"url": "redis://redis.data:6379/0", "auth": {"password": INLINE_PASSWORD}},
-            "config": {"retention": 1_000_000, "maxBodyBytes": 1_048_576, "drainTimeout": 30.5},
+            "config": {
+                "retention": 1_000_000,
+                "maxBodyBytes": 1_048_576,
+                "drainTimeout": 30.5,
+                "profileCheckpoints": True,
+            },
         },
         "redis://redis.data:6379/0",
         f"redis://:{quote(INLINE_PASSWORD, safe='')}@redis.data:6379/0",
@@ -396,6 +401,7 @@ def test_every_variable_is_a_setting_the_app_reads(
     assert settings.drain_timeout == values["config"]["drainTimeout"]
     assert settings.retention == values["config"]["retention"]
     assert settings.max_body_bytes == values["config"]["maxBodyBytes"]
+    assert settings.profile_checkpoints == values["config"]["profileCheckpoints"]
     assert (settings.signing_key is not None) == values["signingKey"]["enabled"]
     assert settings.namespace == values["config"]["namespace"]
     assert settings.app_namespaces == values["config"]["appNamespaces"]
