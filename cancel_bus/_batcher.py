@@ -12,10 +12,11 @@ never holds a Redis shard for long.
 
 Calls of different scripts take turns: a burst of finishes does not hold up a cancel. (The lease
 has a store, a batcher and connections of its own.) A call whose caller gave up before its batch
-left is not sent. A call may carry a timeout, counted from when its batch leaves (time spent
-queued behind a burst is not Redis's fault);
-past it the call fails with :class:`BusUnavailable` — its script may still run, so only calls
-that are safe to repeat use it. A batch that fails gives its error to each of its calls.
+left is not sent. A call may carry a timeout: that much silence from Redis after its batch left
+fails the call with :class:`BusUnavailable` — its script may still run, so only calls that are
+safe to repeat use it. Silence is measured, not assumed (:class:`_Patience`): time queued behind
+a burst, Redis working through this node's own batches ahead, or the event loop's own stall is
+not Redis's fault. A batch that fails gives its error to each of its calls.
 """
 
 from __future__ import annotations
@@ -62,6 +63,12 @@ class ScriptBatcher:
         self._sending: set[asyncio.Task[None]] = set()
         self._in_flight = 0
         self._flush_scheduled = False
+        self.heard = 0.0  # loop time Redis last answered a batch
+
+    @property
+    def in_flight(self) -> int:
+        """Batches sent and not answered yet."""
+        return self._in_flight
 
     async def call(
         self, name: str, keys: list[str], args: list[str], timeout: float | None = None
@@ -122,8 +129,9 @@ class ScriptBatcher:
         payload = json.dumps([[c.keys, c.args] for c in batch], separators=(",", ":"))
         timeouts = [c.timeout for c in batch if c.timeout is not None]
         try:  # redis-py loads the script and calls again if the server lacks it
-            async with asyncio.timeout(min(timeouts) if timeouts else None):
+            async with _Patience(self, min(timeouts) if timeouts else None):
                 answers = await script(keys=batch[0].keys[:1], args=[payload])
+            self.heard = asyncio.get_running_loop().time()
         except TimeoutError:
             _fail(batch, BusUnavailable("no answer from Redis within the call's timeout"))
             return
@@ -135,6 +143,54 @@ class ScriptBatcher:
         for call, answer in zip(batch, answers, strict=True):
             if not call.answer.done():
                 call.answer.set_result(answer)
+
+
+class _Patience:
+    """How long a batch waits for Redis: until Redis has been silent for ``timeout`` per batch it
+    owes this batcher. Redis runs the scripts of every connection it read in one turn before it
+    writes any reply, so a batch's answer may wait for all of this node's batches in flight; the
+    clock starts when the batch leaves and again whenever Redis answers one of them, and allows
+    one ``timeout`` per batch still owed, ``MAX_IN_FLIGHT + 1`` timeouts at most in all. A check
+    that runs late means the event loop itself stalled (a GC pass, a long turn) and an answer may
+    be waiting unread, so it looks again a quarter timeout later instead of blaming Redis. Past
+    it, the wait raises ``TimeoutError`` (an ``asyncio.timeout`` that this class moves)."""
+
+    def __init__(self, batcher: ScriptBatcher, timeout: float | None) -> None:
+        self._batcher = batcher
+        self._timeout = timeout
+        self._scope = asyncio.timeout(None)
+        self._check_handle: asyncio.TimerHandle | None = None
+        self._sent = self._limit = 0.0
+
+    async def __aenter__(self) -> None:
+        await self._scope.__aenter__()
+        if self._timeout is not None:
+            loop = asyncio.get_running_loop()
+            self._sent = loop.time()
+            self._limit = self._sent + self._timeout * (MAX_IN_FLIGHT + 1)
+            self._check_at(self._sent + self._timeout)
+
+    async def __aexit__(self, *exc_info: Any) -> None:
+        if self._check_handle is not None:
+            self._check_handle.cancel()
+        await self._scope.__aexit__(*exc_info)
+
+    def _check_at(self, due: float) -> None:
+        self._check_handle = asyncio.get_running_loop().call_at(due, self._check, due)
+
+    def _check(self, due: float) -> None:
+        assert self._timeout is not None
+        now = asyncio.get_running_loop().time()
+        if now - due > self._timeout / 4:  # the loop was stalled: not Redis's silence
+            again = now + self._timeout / 4
+        else:
+            owed = max(1, self._batcher.in_flight)
+            again = max(self._sent, self._batcher.heard) + self._timeout * owed
+        again = min(again, self._limit)
+        if again <= now:
+            self._scope.reschedule(now)
+        else:
+            self._check_at(again)
 
 
 def _take_batch(calls: deque[_Call]) -> list[_Call]:

@@ -217,8 +217,7 @@ class LocalRuns:
         with contextlib.suppress(CancelBusError):  # relayed output is best effort; the end is not
             await self._sync.flush([state for state, _ in ends])
         if len(self._outbox):  # Redis is failing: queue behind the others, don't hold the exit
-            for state, ending in ends:
-                self._defer(state, ending, "earlier finishes are waiting for Redis")
+            self._defer(ends, "earlier finishes are waiting for Redis")
             return [None] * len(ends)
         finishes = [self._finish(state, ending) for state, ending in ends]
         self.finishing += len(ends)
@@ -227,6 +226,8 @@ class LocalRuns:
         finally:
             self.finishing -= len(ends)
         errors: list[BaseException | None] = []
+        unanswered: list[tuple[RunState, Ending]] = []
+        why = ""
         for (state, ending), answer in zip(ends, answers, strict=True):
             error: BaseException | None = None
             try:
@@ -234,10 +235,13 @@ class LocalRuns:
                     raise answer
                 self._finished(state, answer)
             except BusUnavailable as exc:
-                self._defer(state, ending, str(exc))
+                unanswered.append((state, ending))
+                why = str(exc)
             except BaseException as exc:  # given to the run's exit
                 error = exc
             errors.append(error)
+        if unanswered:
+            self._defer(unanswered, why)
         return errors
 
     async def set_waiting(self, state: RunState, waiting: bool) -> None:
@@ -265,10 +269,14 @@ class LocalRuns:
 
     # -- internals ----------------------------------------------------------------------------
 
-    def _defer(self, state: RunState, ending: Ending, why: str) -> None:
-        log.warning("cancel-bus: finish of %s deferred: %s", state.run_id, why)
-        self._stats.finishes_deferred += 1
-        self._outbox.add(state.run_id, functools.partial(self._write_finish, state, ending))
+    def _defer(self, ends: list[tuple[RunState, Ending]], why: str) -> None:
+        """Hand ends to the outbox (one log line for the lot: a burst is not a flood of them)."""
+        first = ends[0][0].run_id
+        more = f" and {len(ends) - 1} more" if len(ends) > 1 else ""
+        log.warning("cancel-bus: finish of %s%s deferred: %s", first, more, why)
+        self._stats.finishes_deferred += len(ends)
+        for state, ending in ends:
+            self._outbox.add(state.run_id, functools.partial(self._write_finish, state, ending))
 
     async def _write_finish(self, state: RunState, ending: Ending) -> None:
         """One run's finish, alone (the outbox's retry)."""
