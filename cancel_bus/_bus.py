@@ -456,6 +456,14 @@ class CancelBus:
         self._lifecycle.require_open()
         return await self._store.get_run(run_id)
 
+    async def children(self, run_id: str) -> list[RunInfo]:
+        """The runs started as the run's children, on any node, the oldest first (those still
+        within the retention)."""
+        validate_id(run_id, "run_id")
+        self._lifecycle.require_open()
+        runs = await self._store.get_runs(sorted(await self._store.child_ids(run_id)))
+        return sorted(runs, key=lambda run: run.created_at)
+
     async def session_run(self, app_name: str, user_id: str, session_id: str) -> RunInfo | None:
         """The active run of a session key, wherever it runs (None if it has none)."""
         session = check.session(app_name, user_id, session_id)

@@ -627,6 +627,12 @@ class RunStore:
             entries = cast(_Entries, cast(list[Any], reply)[0][1])
         return [_event(entry_id, fields) for entry_id, fields in entries]
 
+    async def child_ids(self, run_id: str) -> set[str]:
+        """The runs started as the run's children (its ``kids:`` set)."""
+        with translated("child_ids"):
+            ids = await self.redis.smembers(self.keys.children(run_id))
+        return cast(set[str], ids)
+
     async def node_run_ids(self, node_id: str) -> set[str]:
         with translated("node_run_ids"):
             ids = await self.redis.smembers(self.keys.node_runs(node_id))

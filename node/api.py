@@ -201,7 +201,8 @@ async def list_runs(
 ) -> RunList:
     """Runs across the cluster, the most recent first: an active run by its creation, a
     finished one by its end (a user token sees only its own). Filters the library does not
-    take (session, parent, phase, id prefix, age) look through the 1,000 most recent runs."""
+    take (session, phase, id prefix, age) look through the 1,000 most recent runs; a
+    parent's children are read as such."""
     return await runs_for(node, principal, query)
 
 

@@ -15,8 +15,8 @@ StatusFilter = Literal[
 ]
 FINISHED = (RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED)
 # The most runs one answer looks through: the library's own bound on a list. Filters the
-# library does not take (session, parent, phase, id prefix, age) look through that many of the most
-# recent runs that match the others.
+# library does not take (session, phase, id prefix, age) look through that many of the most
+# recent runs that match the others; a parent's children are read as such.
 WINDOW = 1000
 OptionalId = Annotated[str | None, Field(pattern=ID_PATTERN, max_length=200)]
 Age = Annotated[float | None, Field(ge=0, le=10 * 365 * 86400, allow_inf_nan=False)]
@@ -63,6 +63,15 @@ class RunQuery(BaseModel):
             )
         )
 
+    def listed(self, run: RunInfo) -> bool:
+        """The filters the library applies to a list, for runs read another way (children)."""
+        return (
+            _status_matches(run.status, self.status)
+            and (self.node_id is None or run.owner == self.node_id)
+            and (self.app_name is None or run.app_name == self.app_name)
+            and (self.user_id is None or run.user_id == self.user_id)
+        )
+
     def matches(self, run: RunInfo, now: float) -> bool:
         """The filters the node applies (the library applied the others)."""
         age = now - run.created_at
@@ -74,6 +83,14 @@ class RunQuery(BaseModel):
             and (self.min_age is None or age >= self.min_age)
             and (self.max_age is None or age <= self.max_age)
         )
+
+
+def _status_matches(status: RunStatus, wanted: StatusFilter) -> bool:
+    if wanted == "active":
+        return status.is_active
+    if wanted == "finished":
+        return status in FINISHED
+    return wanted in ("all", status.value)
 
 
 def _phase_matches(phase: str | None, wanted: str) -> bool:

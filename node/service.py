@@ -171,11 +171,16 @@ class NodeService:
 
     async def _list(self, query: RunQuery, limit: int) -> list[RunInfo]:
         """The most recent ``limit`` runs that match the library's filters, across the
-        namespaces (only the app's, given an app); ``finished`` is its three statuses."""
+        namespaces (only the app's, given an app); ``finished`` is its three statuses. Given a
+        parent, its children are read as such (however old)."""
+        buses = [self.bus_for_app(query.app_name)] if query.app_name is not None else self.buses
+        if query.parent is not None:
+            lists = await asyncio.gather(*(bus.children(query.parent) for bus in buses))
+            children = [run for runs in lists for run in runs if query.listed(run)]
+            return sorted(children, key=recency, reverse=True)[:limit]
         statuses: list[str] = (
             [status.value for status in FINISHED] if query.status == "finished" else [query.status]
         )
-        buses = [self.bus_for_app(query.app_name)] if query.app_name is not None else self.buses
         lists = await asyncio.gather(
             *(
                 bus.list_runs(status, query.node_id, query.app_name, query.user_id, limit)

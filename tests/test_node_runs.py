@@ -4,6 +4,7 @@ by its creation, a finished one by its end), the filters the node applies, and p
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 import uuid
@@ -12,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from cancel_bus import CancelBus
 from node.embedded import EmbeddedServer
 
 from .node_cluster import Cluster, NodeProcess
@@ -127,6 +129,37 @@ def test_the_filters_the_node_applies_and_pages(node: NodeProcess) -> None:
         assert len(paged_filter["runs"]) == 1 and not paged_filter["more"]
     finally:
         _cancel_all(node, active)
+
+
+def test_a_parents_children_are_found_however_many_runs_came_after(
+    node: NodeProcess, redis_server: EmbeddedServer
+) -> None:
+    user = f"u-{uuid.uuid4().hex[:8]}"
+    parent = _start(node, user)
+    child = _start(node, user, agent=SHORT, parent=parent["run_id"])
+    _wait_finished(node, child["run_id"])
+
+    async def crowd() -> None:  # more runs than a list looks through, all of them newer
+        bus = CancelBus(redis_server.url, namespace=node.env["CANCEL_BUS_NAMESPACE"])
+        await bus.start()
+        try:
+            for _ in range(11):
+                await asyncio.gather(*(_empty_run(bus, user) for _ in range(100)))
+        finally:
+            await bus.close()
+
+    asyncio.run(crowd())
+    try:
+        found = _list(node, status="all", user_id=user, parent=parent["run_id"])
+        assert _ids(found) == [child["run_id"]]
+        assert _list(node, status="active", parent=parent["run_id"])["runs"] == []
+    finally:
+        _cancel_all(node, [parent])
+
+
+async def _empty_run(bus: CancelBus, user: str) -> None:
+    async with bus.run(app_name="app", user_id=user, session_id=uuid.uuid4().hex, detached=True):
+        pass
 
 
 @pytest.mark.parametrize(

@@ -156,3 +156,19 @@ async def test_runs_nested_in_one_task_are_each_recorded_cancelled_by_an_immedia
         record = await b.get_run(run_id)
         assert record is not None and record.status is RunStatus.CANCELLED
         assert record.error is None and record.end_reason == "cancelled"
+
+
+async def test_a_runs_children_are_read_from_any_node(make_bus: BusFactory) -> None:
+    a, b, c = await make_bus(), await make_bus(), await make_bus()
+    root = await LoopingRun(a).start()
+    first = await LoopingRun(b, parent=root.run_id).start()
+    second = await LoopingRun(a, parent=root.run_id).start()
+    grandchild = await LoopingRun(b, parent=first.run_id).start()
+    assert [run.run_id for run in await c.children(root.run_id)] == [first.run_id, second.run_id]
+    assert [run.run_id for run in await c.children(first.run_id)] == [grandchild.run_id]
+    assert await c.children(grandchild.run_id) == []
+    assert (await c.cancel(root.run_id, timeout=WAIT)).outcome is Outcome.CANCELLED
+    ended = await c.children(root.run_id)  # still readable once they ended
+    assert [run.status for run in ended] == [RunStatus.CANCELLED] * 2
+    for run in (root, first, second, grandchild):
+        await run.done()
