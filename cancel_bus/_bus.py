@@ -566,7 +566,13 @@ class CancelBus:
         root, below = results[0], results[1:]
         if root.outcome is Outcome.CANCELLED and any(r.outcome is Outcome.STOPPING for r in below):
             root = CancelResult(outcome=Outcome.STOPPING, run=root.run)  # not until they stop
-        return CancelResult(outcome=root.outcome, run=root.run, descendants=below)
+        if answer.truncated:
+            log.warning(
+                "cancel-bus: the tree of %s is too large for one cancel: runs left out", target
+            )
+        return CancelResult(
+            outcome=root.outcome, run=root.run, descendants=below, truncated=answer.truncated
+        )
 
     def _accepted(self, run: RunInfo) -> None:
         """A cancel this node had recorded: kept for recovery, and delivered at once if the

@@ -35,7 +35,8 @@ from ._messages import RUN_TARGET_PREFIX, SESSION_TARGET_PREFIX
 from ._types import ACTIVE_STATUSES, CancelMode
 
 EVENTS_MAX = 1000
-MAX_DESCENDANTS = 1000  # runs of a tree one cancel reaches below its root
+MAX_DESCENDANTS = 1000  # active runs of a tree one cancel reaches below its root
+MAX_WALK = 10 * MAX_DESCENDANTS  # runs of a tree (ended ones too) one cancel looks at
 MAX_TOMBSTONES = 1000  # live tombstones of a namespace
 RELAY_MAX = 10000
 NOTIFY_RUN_MAX_BYTES = 16384
@@ -270,29 +271,48 @@ local function standing(run_id)
   return {'already_finished', fields, -1}
 end
 
--- The runs started below `run_id` (children, their children...), deepest first, at most
--- __MAX_DESCENDANTS__.
+-- The runs started below `run_id` (children, their children...): every active one, deepest
+-- first (at most __MAX_DESCENDANTS__), then the ended ones while the list has room. The walk goes
+-- through ended runs (their children may still run) and visits at most __MAX_WALK__ runs.
+-- -> the list, and 1 if runs were left out of it (active ones beyond the cap, or the walk's end)
 local function descendants(run_id)
-  local levels, frontier, seen, count = {}, {run_id}, {[run_id] = true}, 0
-  while #frontier > 0 and count < __MAX_DESCENDANTS__ do
-    local level = {}
+  local levels, ended, frontier, seen = {}, {}, {run_id}, {[run_id] = true}
+  local visited, active, cut = 0, 0, 0
+  while #frontier > 0 and cut == 0 do
+    local level, next_frontier = {}, {}
     for _, id in ipairs(frontier) do
       for _, kid in ipairs(redis.call('SMEMBERS', key_children(id))) do
-        if not seen[kid] and count < __MAX_DESCENDANTS__ then
+        if not seen[kid] and cut == 0 then
           seen[kid] = true
-          count = count + 1
-          table.insert(level, kid)
+          visited = visited + 1
+          if visited > __MAX_WALK__ then cut = 1 end
+          local st = cut == 0 and redis.call('HGET', key_run(kid), 'status')
+          if st then
+            table.insert(next_frontier, kid)
+            if not ACTIVE[st] then
+              table.insert(ended, kid)
+            elseif active < __MAX_DESCENDANTS__ then
+              active = active + 1
+              table.insert(level, kid)
+            else
+              cut = 1
+            end
+          end
         end
       end
     end
     table.insert(levels, level)
-    frontier = level
+    frontier = next_frontier
   end
-  local deepest_first = {}
+  local listed = {}
   for i = #levels, 1, -1 do
-    for _, id in ipairs(levels[i]) do table.insert(deepest_first, id) end
+    for _, id in ipairs(levels[i]) do table.insert(listed, id) end
   end
-  return deepest_first
+  for _, id in ipairs(ended) do
+    if #listed >= __MAX_DESCENDANTS__ then break end
+    table.insert(listed, id)
+  end
+  return listed, cut
 end
 
 -- Whether a run (a table of its fields) matches a selector: each field the selector names is
@@ -388,6 +408,7 @@ def _fill(template: str) -> str:
         .replace("__SESSION_PREFIX__", SESSION_TARGET_PREFIX)
         .replace("__RUN_PREFIX__", RUN_TARGET_PREFIX)
         .replace("__MAX_DESCENDANTS__", str(MAX_DESCENDANTS))
+        .replace("__MAX_WALK__", str(MAX_WALK))
         .replace("__MAX_TOMBSTONES__", str(MAX_TOMBSTONES))
         .replace("__REQUEST_MEMORY_MS__", str(REQUEST_MEMORY_MS))
         .replace("__KEY_FUNCTIONS__", lua_key_functions())
@@ -615,8 +636,8 @@ return {'ok', redis.call('HGETALL', rk)}
 # each as cancel_one does it. The owner is told on its channel, in a message bound to it (its
 # node id and epoch) and to the run — not when the caller is the owner: it sets the token itself.
 # -> {notices, {'not_found'} | {code, fields, receivers (-1: not published here),
-#    {{run_id, code, fields}, ...} (the descendants)}}, code: already_finished | cancelled
-#    | owner_lost | stopping
+#    {{run_id, code, fields}, ...} (the descendants), 1 if descendants were left out}},
+#    code: already_finished | cancelled | owner_lost | stopping
 REQUEST_CANCEL = _script("""
 local target_key = KEYS[1]
 local target, run_id, mode, reason, by = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
@@ -626,15 +647,17 @@ local request_key = key_cancel_request(ARGV[12])
 local reached = redis.call('GET', request_key)
 if reached then  -- this very call ran before: its answer was lost, redis-py sent it again
   if reached == '-' then return reply({'not_found'}) end
-  local below = {}
+  local below, cut = {}, 0
   if tree == '1' then
-    for _, kid in ipairs(descendants(reached)) do
+    local kids
+    kids, cut = descendants(reached)
+    for _, kid in ipairs(kids) do
       local a = standing(kid)
       table.insert(below, {kid, a[1], a[2]})
     end
   end
   local a = standing(reached)
-  return reply({a[1], a[2], a[3], below})
+  return reply({a[1], a[2], a[3], below, cut})
 end
 local function remember(id)
   redis.call('SET', request_key, id, 'PX', math.min(__REQUEST_MEMORY_MS__, retention_ms))
@@ -650,16 +673,18 @@ if (not st) or (by_session and not ACTIVE[st]) then  -- a session has no *active
   return reply({'not_found'})
 end
 remember(run_id)
-local below = {}
+local below, cut = {}, 0
 if tree == '1' then
-  for _, kid in ipairs(descendants(run_id)) do
+  local kids
+  kids, cut = descendants(run_id)
+  for _, kid in ipairs(kids) do
     local a = cancel_one(kid, RUN_PREFIX .. kid, mode, reason, by, 'parent', waiter, caller,
       retention_ms, pub)
     table.insert(below, {kid, a[1], a[2]})
   end
 end
 local a = cancel_one(run_id, target, mode, reason, by, cause, waiter, caller, retention_ms, pub)
-return reply({a[1], a[2], a[3], below})
+return reply({a[1], a[2], a[3], below, cut})
 """)
 
 # KEYS[1] run hash

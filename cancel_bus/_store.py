@@ -46,13 +46,15 @@ def _fields(flat: Sequence[str]) -> dict[str, str]:
 
 @dataclass(frozen=True, slots=True)
 class CancelAnswer:
-    """What ``request_cancel`` answered: a code (an Outcome value), the run, and how many
-    subscribers the cancel message reached (-1: none was sent, the caller is the owner)."""
+    """What ``request_cancel`` answered: a code (an Outcome value), the run, how many
+    subscribers the cancel message reached (-1: none was sent, the caller is the owner), the
+    descendants, and whether some were left out (``MAX_DESCENDANTS``, ``MAX_WALK``)."""
 
     code: str
     run: RunInfo | None
     receivers: int = -1
     descendants: list[tuple[str, str, RunInfo | None]] = field(default_factory=list)
+    truncated: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -293,7 +295,11 @@ class RunStore:
             return CancelAnswer(reply[0], None)
         below = [(str(kid), str(code), _run_or_none(fields)) for kid, code, fields in reply[3]]
         return CancelAnswer(
-            reply[0], _run_or_none(reply[1]), sent.get("cancel", int(reply[2])), below
+            reply[0],
+            _run_or_none(reply[1]),
+            sent.get("cancel", int(reply[2])),
+            below,
+            reply[4] == 1,
         )
 
     async def finish_run(self, finish: Finish, timeout: float | None = None) -> FinishAnswer:

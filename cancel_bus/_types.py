@@ -167,14 +167,17 @@ _JSON_FIELDS = frozenset({"metadata", "leaked_after_cancel", "slowest_checkpoint
 
 class CancelResult(BaseModel):
     """The answer to ``cancel``/``cancel_session``: an outcome and the run as it then stood, and
-    one answer per run started below it (its tree, deepest first). The root answers
-    ``cancelled`` only once every descendant is stopped or reported lost."""
+    one answer per run started below it (its tree: the active runs deepest first, then ended
+    ones). The root answers ``cancelled`` only once every descendant listed is stopped or
+    reported lost. ``truncated``: the tree was too large for one cancel (more than 1,000 active
+    runs below the root, or 10,000 in all): runs left out were not cancelled."""
 
     model_config = ConfigDict(frozen=True)
 
     outcome: Outcome
     run: RunInfo | None = None
     descendants: list[CancelResult] = []
+    truncated: bool = False
 
 
 class Tombstone(BaseModel):

@@ -314,6 +314,8 @@ def cancel(args: argparse.Namespace) -> int:
         out.print(_outcome_line(answer, target, args.timeout), soft_wrap=True)
         for below in answer["descendants"]:  # the runs started below it, deepest first
             out.print(f"  below it: {_outcome_line(below, '', args.timeout)}", soft_wrap=True)
+        if answer.get("truncated"):
+            out.print("  its tree is too large for one cancel: runs below it were left out")
     return OUTCOME_EXIT.get(answer["outcome"], Exit.OK)
 
 

@@ -89,8 +89,13 @@ class CancelAnswer(CancelOutcome):
 
     descendants: list[CancelOutcome] = Field(
         default_factory=list,
-        description="one answer per run started below it, deepest first; the run answers "
-        "cancelled only once each of them is stopped or lost",
+        description="one answer per run started below it (the active ones deepest first, then "
+        "ended ones); the run answers cancelled only once each of them is stopped or lost",
+    )
+    truncated: bool = Field(
+        default=False,
+        description="the tree was too large for one cancel (over 1,000 active runs below it, or "
+        "10,000 in all): the runs left out were not cancelled",
     )
 
     @classmethod
@@ -99,6 +104,7 @@ class CancelAnswer(CancelOutcome):
             outcome=result.outcome,
             run=result.run,
             descendants=[CancelOutcome.of(below) for below in result.descendants],
+            truncated=result.truncated,
         )
 
 

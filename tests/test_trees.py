@@ -9,6 +9,7 @@ import asyncio
 import pytest
 
 from cancel_bus import InvalidArgument, Outcome, RunCancelled, RunStatus, StopCause
+from cancel_bus._scripts import MAX_DESCENDANTS
 
 from .conftest import BusFactory
 from .faultproxy import FaultProxy
@@ -172,3 +173,54 @@ async def test_a_runs_children_are_read_from_any_node(make_bus: BusFactory) -> N
     assert [run.status for run in ended] == [RunStatus.CANCELLED] * 2
     for run in (root, first, second, grandchild):
         await run.done()
+
+
+async def test_a_live_child_behind_many_ended_ones_is_still_cancelled(
+    make_bus: BusFactory,
+) -> None:
+    a, b = await make_bus(), await make_bus()
+    root = await LoopingRun(a).start()
+
+    async def short_child() -> None:
+        async with a.run(parent=root.run_id):
+            pass
+
+    for _ in range(3):  # more ended children than the cap on the runs a cancel lists
+        await asyncio.gather(*(short_child() for _ in range(MAX_DESCENDANTS // 2)))
+    live = await LoopingRun(b, parent=root.run_id).start()
+    result = await b.cancel(root.run_id, timeout=WAIT)
+    assert result.outcome is Outcome.CANCELLED and not result.truncated
+    assert result.descendants[0].run is not None  # the active ones first
+    assert result.descendants[0].run.run_id == live.run_id
+    assert result.descendants[0].outcome is Outcome.CANCELLED
+    assert len(result.descendants) == MAX_DESCENDANTS
+    await live.done()
+    await root.done()
+
+
+async def test_a_tree_too_large_for_one_cancel_says_so(make_bus: BusFactory) -> None:
+    a = await make_bus()
+    root = await LoopingRun(a).start()
+    gate, all_started = asyncio.Event(), asyncio.Event()
+    ids: list[str] = []
+    count = MAX_DESCENDANTS + 1
+
+    async def idle_child() -> None:
+        async with a.run(parent=root.run_id) as run:
+            ids.append(run.run_id)
+            if len(ids) == count:
+                all_started.set()
+            await gate.wait()
+
+    children = [asyncio.create_task(idle_child()) for _ in range(count)]
+    await asyncio.wait_for(all_started.wait(), 60)
+    result = await a.cancel(root.run_id, mode="immediate", timeout=WAIT)
+    assert result.truncated and len(result.descendants) == MAX_DESCENDANTS
+    assert {r.outcome for r in result.descendants} == {Outcome.CANCELLED}
+    listed = {r.run.run_id for r in result.descendants if r.run is not None}
+    (left_out,) = set(ids) - listed
+    record = await a.get_run(left_out)  # not cancelled: the answer said so
+    assert record is not None and record.status is RunStatus.RUNNING
+    gate.set()
+    await asyncio.wait_for(asyncio.gather(*children, return_exceptions=True), WAIT)
+    await root.done()
