@@ -43,6 +43,7 @@ from . import (
     round_trips,
     scaling,
     throughput,
+    trees,
 )
 from ._cluster import PROFILES, REPO, Bench
 from ._pyspy import PySpyMissing, ensure_py_spy
@@ -51,6 +52,7 @@ from .peers import run as peers
 
 BENCHMARKS: dict[str, Callable[[Bench], Awaitable[None]]] = {
     "cancel": cancel.run,
+    "trees": trees.run,
     "round_trips": round_trips.run,
     "http": over_http.run,
     "throughput": throughput.run,

@@ -222,13 +222,16 @@ class BusWorker:
             samples.append(time.perf_counter_ns() - started)
         return samples
 
-    async def op_run_start(self, idle: bool = False, namespace: str | None = None) -> str:
+    async def op_run_start(
+        self, idle: bool = False, namespace: str | None = None, parent: str | None = None
+    ) -> str:
         """Start a run in a tight checkpoint loop (checkpoint, yield to the loop, again), or an
-        ``idle`` one that awaits an event set by its cancel callback, then checkpoints."""
+        ``idle`` one that awaits an event set by its cancel callback, then checkpoints; the child
+        of ``parent`` (a run id, on any node) if given."""
         started: asyncio.Future[RunHandle] = asyncio.get_running_loop().create_future()
 
         async def body() -> None:
-            async with self.node(namespace).run() as run:
+            async with self.node(namespace).run(parent=parent) as run:
                 started.set_result(run)
                 woken = asyncio.Event()
                 try:
@@ -257,13 +260,28 @@ class BusWorker:
     async def op_cancel(
         self, run_id: str, timeout: float, namespace: str | None = None
     ) -> dict[str, Any]:
-        """``bus.cancel(run_id, wait=True)``: when it was called (time_ns), how long it took."""
+        """``bus.cancel(run_id, wait=True)``: when it was called (time_ns), how long it took, its
+        outcome, and the answer for each run of its tree below it (deepest first: its id, its
+        outcome, its recorded status; empty for a run without descendants)."""
         bus = self.node(namespace)
         started_at = time.time_ns()
         started = time.perf_counter_ns()
         result = await bus.cancel(run_id, wait=True, timeout=timeout)
         elapsed = time.perf_counter_ns() - started
-        return {"t0_ns": started_at, "elapsed_ns": elapsed, "outcome": result.outcome.value}
+        below = [
+            {
+                "run_id": r.run.run_id if r.run is not None else None,
+                "outcome": r.outcome.value,
+                "status": r.run.status.value if r.run is not None else None,
+            }
+            for r in result.descendants
+        ]
+        return {
+            "t0_ns": started_at,
+            "elapsed_ns": elapsed,
+            "outcome": result.outcome.value,
+            "descendants": below,
+        }
 
     async def op_fill(self, count: int, concurrency: int, return_ids: bool) -> dict[str, Any]:
         """Start ``count`` idle runs (with a session key), spread over the namespaces in turn,

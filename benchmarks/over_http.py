@@ -62,13 +62,13 @@ async def run(bench: Bench) -> None:
         namespace = new_namespace()
         node_a = await scope.service(server, namespace, "service-a")
         node_b = await scope.service(server, namespace, "service-b")
-        bare = await scope.bare_app("bare-app")
+        bare_app = await scope.bare_app("bare-app")
         library_a, library_b = await scope.nodes(server, namespace, ["library-a", "library-b"])
         client = await scope.worker("http-client")
         floor = await PairedFloor(server, client, library_a).start()
         for i in range(profile.warmup + profile.n):
             taken: dict[str, int] = {"hop": await floor.sample()}
-            gets = [("bare", bare.url), ("health", node_b.url)]
+            gets = [("bare", bare_app.url), ("health", node_b.url)]
             for kind, url in gets if i % 2 else gets[::-1]:  # neither always goes first
                 taken[kind] = await client.call("http_get", url=url, path="/healthz")
             body = {"app_name": "bench", "user_id": "user", "session_id": f"s{i}", "agent": AGENT}
