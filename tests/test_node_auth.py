@@ -148,7 +148,7 @@ def test_users_see_and_cancel_only_their_own_runs(secured: Cluster) -> None:
     bob_session = _call(secured, BOB, "POST", f"/v1/sessions/app/alice/{session}/cancel")
     no_session = _call(secured, BOB, "POST", f"/v1/sessions/app/alice/{uuid.uuid4().hex}/cancel")
     assert bob_session.status_code == no_session.status_code == 404
-    unknown = {"outcome": "not_found", "run": None, "descendants": []}
+    unknown = {"outcome": "not_found", "run": None, "descendants": [], "truncated": False}
     assert bob_session.json() == no_session.json() == unknown
     for query in ("user_id=alice", "status=all&app_name=app", "status=all&node_id=node-1", ""):
         listed = _call(secured, BOB, "GET", f"/v1/runs?{query}", node=1).json()["runs"]
