@@ -47,6 +47,23 @@ CHECKS = [
     response_schema_conformance,
 ]
 MODES = (GenerationMode.POSITIVE, GenerationMode.NEGATIVE)
+# Headers that frame the HTTP message or steer the connection: the client and the server's HTTP
+# layer own them. Negative cases carry random extra headers, and one drew "content-length: ry",
+# which uvicorn answers with its own plain 400 before any route runs: a broken HTTP message, not
+# an input to the API.
+FRAMING = frozenset(
+    {
+        "content-length",
+        "transfer-encoding",
+        "host",
+        "connection",
+        "keep-alive",
+        "te",
+        "trailer",
+        "expect",
+        "upgrade",
+    }
+)
 
 
 @pytest.fixture(scope="module")
@@ -91,6 +108,8 @@ def test_no_input_makes_the_node_fail_or_break_its_schema(live_node: Cluster, ro
                 suppress_health_check=list(HealthCheck),
             )
             def answers_as_documented(case: Any) -> None:
+                for name in [n for n in case.headers or {} if n.lower() in FRAMING]:
+                    del case.headers[name]  # the server answers these itself
                 response = case.call(session=session, headers=headers, timeout=30)
                 statuses[response.status_code] += 1
                 case.validate_response(response, checks=CHECKS, headers=headers)
