@@ -549,9 +549,11 @@ class CancelBus:
                 "no answer from Redis within the timeout; the cancel may not be recorded"
             ) from exc
         self.stats.cancels_requested += 1
-        if answer.receivers == 0:  # published, and nobody on the owner's channel heard it
-            self.stats.cancels_unheard += 1
-            log.warning("cancel-bus: a cancel's owner was not listening: its sweep delivers it")
+        if answer.unheard:  # published, and nobody on an owner's channel heard it
+            self.stats.cancels_unheard += answer.unheard
+            log.warning(
+                "cancel-bus: %d owner(s) not listening: their sweeps deliver", answer.unheard
+            )
         nodes = [(answer.code, answer.run), *((code, run) for _, code, run in answer.descendants)]
         for code, node in nodes:
             if code == "stopping" and node is not None and node.cancel_request is not None:

@@ -636,7 +636,7 @@ return {'ok', redis.call('HGETALL', rk)}
 # each as cancel_one does it. The owner is told on its channel, in a message bound to it (its
 # node id and epoch) and to the run — not when the caller is the owner: it sets the token itself.
 # -> {notices, {'not_found'} | {code, fields, receivers (-1: not published here),
-#    {{run_id, code, fields}, ...} (the descendants), 1 if descendants were left out}},
+#    {{run_id, code, fields, receivers}, ...} (the descendants), 1 if descendants were left out}},
 #    code: already_finished | cancelled | owner_lost | stopping
 REQUEST_CANCEL = _script("""
 local target_key = KEYS[1]
@@ -653,7 +653,7 @@ if reached then  -- this very call ran before: its answer was lost, redis-py sen
     kids, cut = descendants(reached)
     for _, kid in ipairs(kids) do
       local a = standing(kid)
-      table.insert(below, {kid, a[1], a[2]})
+      table.insert(below, {kid, a[1], a[2], a[3]})
     end
   end
   local a = standing(reached)
@@ -680,7 +680,7 @@ if tree == '1' then
   for _, kid in ipairs(kids) do
     local a = cancel_one(kid, RUN_PREFIX .. kid, mode, reason, by, 'parent', waiter, caller,
       retention_ms, pub)
-    table.insert(below, {kid, a[1], a[2]})
+    table.insert(below, {kid, a[1], a[2], a[3]})
   end
 end
 local a = cancel_one(run_id, target, mode, reason, by, cause, waiter, caller, retention_ms, pub)

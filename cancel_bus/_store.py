@@ -48,13 +48,15 @@ def _fields(flat: Sequence[str]) -> dict[str, str]:
 class CancelAnswer:
     """What ``request_cancel`` answered: a code (an Outcome value), the run, how many
     subscribers the cancel message reached (-1: none was sent, the caller is the owner), the
-    descendants, and whether some were left out (``MAX_DESCENDANTS``, ``MAX_WALK``)."""
+    descendants, whether some were left out (``MAX_DESCENDANTS``, ``MAX_WALK``), and how many of
+    the tree's cancel messages no subscriber heard (the owners' sweeps deliver them)."""
 
     code: str
     run: RunInfo | None
     receivers: int = -1
     descendants: list[tuple[str, str, RunInfo | None]] = field(default_factory=list)
     truncated: bool = False
+    unheard: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,16 +123,17 @@ class RunStore:
 
     async def _eval_notifying(
         self, name: str, keys: list[str], args: list[str], timeout: float | None = None
-    ) -> tuple[Any, dict[str, int]]:
-        """A script that may notify nodes: -> its answer, and receivers by kind of the notices
-        the store sent for it (none when the script published them itself)."""
+    ) -> tuple[Any, dict[str, list[int]]]:
+        """A script that may notify nodes: -> its answer, and by kind of message the receivers of
+        each notice the store sent for it (none when the script published them itself)."""
         assert name in NOTIFYING
         notices, answer = await self._eval(name, keys, args, timeout)
         return answer, (await self._publish(notices) if notices else {})
 
-    async def _publish(self, notices: list[list[str]]) -> dict[str, int]:
-        """Seal and send the notices a script kept; -> receivers by kind of message. The state is
-        already written: a notice that cannot be sent is left to the sweeps."""
+    async def _publish(self, notices: list[list[str]]) -> dict[str, list[int]]:
+        """Seal and send the notices a script kept; -> by kind of message, the receivers of each
+        one sent. The state is already written: a notice that cannot be sent is left to the
+        sweeps."""
         assert self._signer is not None
         signer = self._signer
 
@@ -145,14 +148,14 @@ class RunStore:
         counts = await asyncio.gather(
             *(send(node_id, body) for node_id, body in bodies), return_exceptions=True
         )
-        receivers: dict[str, int] = {}
+        receivers: dict[str, list[int]] = {}
         for (_, body), sent in zip(bodies, counts, strict=True):
             if isinstance(sent, CancelBusError):
                 log.debug("cancel-bus: a notice was not sent: %s", sent)
             elif isinstance(sent, BaseException):
                 raise sent
-            kind = str(body.get("k"))
-            receivers[kind] = receivers.get(kind, 0) + (sent if isinstance(sent, int) else 0)
+            else:
+                receivers.setdefault(str(body.get("k")), []).append(sent)
         return receivers
 
     # -- nodes --------------------------------------------------------------------------------
@@ -293,13 +296,16 @@ class RunStore:
         )
         if len(reply) == 1:
             return CancelAnswer(reply[0], None)
-        below = [(str(kid), str(code), _run_or_none(fields)) for kid, code, fields in reply[3]]
+        below = [(str(kid), str(code), _run_or_none(fields)) for kid, code, fields, _ in reply[3]]
+        # receivers of each cancel message: sent by the store (sealed), else by the script
+        heard = sent.get("cancel") or [int(reply[2]), *(int(entry[3]) for entry in reply[3])]
         return CancelAnswer(
             reply[0],
             _run_or_none(reply[1]),
-            sent.get("cancel", int(reply[2])),
+            sum(heard) if "cancel" in sent else int(reply[2]),
             below,
             reply[4] == 1,
+            unheard=heard.count(0),
         )
 
     async def finish_run(self, finish: Finish, timeout: float | None = None) -> FinishAnswer:

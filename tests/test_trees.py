@@ -8,7 +8,7 @@ import asyncio
 
 import pytest
 
-from cancel_bus import InvalidArgument, Outcome, RunCancelled, RunStatus, StopCause
+from cancel_bus import CancelBus, InvalidArgument, Outcome, RunCancelled, RunStatus, StopCause
 from cancel_bus._scripts import MAX_DESCENDANTS
 
 from .conftest import BusFactory
@@ -224,3 +224,25 @@ async def test_a_tree_too_large_for_one_cancel_says_so(make_bus: BusFactory) -> 
     gate.set()
     await asyncio.wait_for(asyncio.gather(*children, return_exceptions=True), WAIT)
     await root.done()
+
+
+@pytest.mark.parametrize("signing_key", [None, "signing-key-" + "k" * 20])
+async def test_a_descendants_unheard_cancel_is_counted(
+    make_bus: BusFactory, proxy: FaultProxy, signing_key: str | None
+) -> None:
+    a = await make_bus(url=proxy.url, sweep_interval=3600, signing_key=signing_key)
+    b, c = await make_bus(signing_key=signing_key), await make_bus(signing_key=signing_key)
+    root = await LoopingRun(c).start()
+    child = await LoopingRun(a, parent=root.run_id).start()
+    proxy.refuse()  # the child's owner hears nothing; the root's owner listens
+    await eventually(lambda: _deaf(a))
+    result = await b.cancel(root.run_id, wait=False)
+    assert result.outcome is Outcome.STOPPING
+    assert b.stats.cancels_unheard == 1  # the child's cancel; the root's was heard
+    await root.done()
+    proxy.heal()
+    await child.done()  # delivered by the resubscribe sweep
+
+
+async def _deaf(bus: CancelBus) -> bool:
+    return not bus.ready
