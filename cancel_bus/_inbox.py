@@ -85,6 +85,7 @@ class Inbox:
         self._subscribed = asyncio.Event()
         self._sweeps: set[asyncio.Task[None]] = set()
         self._stopped = False
+        self._stop = asyncio.Event()  # set with _stopped: it ends the loops' rests at once
         self.connected = False
         self.reconnects = 0
 
@@ -95,6 +96,7 @@ class Inbox:
         the subscription is confirmed."""
         await self.unsubscribe()
         self._stopped = False
+        self._stop.clear()
         self._subscribed = asyncio.Event()
         channel = self._store.keys.channel(self._lease.node_id)
         self._task = asyncio.create_task(self._subscribe_forever(channel))
@@ -104,8 +106,10 @@ class Inbox:
             raise BusUnavailable("could not subscribe to the node channel") from exc
 
     def stop(self) -> None:
-        """End the loops at their next turn (even if a cancellation was swallowed)."""
+        """End the loops at their next turn (even if a cancellation was swallowed): a loop at
+        rest ends at once."""
         self._stopped = True
+        self._stop.set()
 
     @property
     def tasks(self) -> list[asyncio.Task[None]]:
@@ -238,7 +242,12 @@ class Inbox:
             except Exception:  # the probe must outlive any failure
                 raise_if_cancelling()
                 log.exception("cancel-bus: probe failed")
-            await asyncio.sleep(self.probe_interval)
+            await self._rest(self.probe_interval)
+
+    async def _rest(self, seconds: float) -> None:
+        """Sleep ``seconds``, or until the inbox is stopped."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stop.wait(), seconds)
 
     async def probe(self) -> None:
         """Judge the previous probe (back, or failed), send the next."""
@@ -274,7 +283,9 @@ class Inbox:
 
     async def sweep_forever(self) -> None:
         while self._lifecycle.active and not self._stopped:
-            await asyncio.sleep(self._sweep_interval)
+            await self._rest(self._sweep_interval)
+            if self._stopped:
+                return
             try:
                 await self.sweep()
             except Exception:  # the safety net must outlive any failure

@@ -5,6 +5,7 @@ responsiveness profile names the code site that keeps a run from stopping prompt
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 from collections.abc import AsyncIterator
 from types import SimpleNamespace
@@ -14,6 +15,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from cancel_bus import CancelBus, Outcome, RunCancelled, RunEnded, RunHandle
+from cancel_bus._store import RunStore
 from node.embedded import EmbeddedServer
 
 from .conftest import BusFactory
@@ -161,3 +163,23 @@ async def _probe_shown(bus: CancelBus) -> bool:
     nodes = {node.node_id: node for node in await bus.list_nodes()}
     node = nodes.get(bus.node_id)
     return node is not None and node.probe_latency_ms is not None and node.probe_at is not None
+
+
+async def test_a_probe_whose_cancellation_was_swallowed_still_stops_with_the_bus(
+    make_bus: BusFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    entered = asyncio.Event()
+
+    async def swallowing(self: RunStore, node_id: str, epoch: str, nonce: str) -> int:
+        entered.set()  # as redis-py can, in a rare race: the cancellation is lost in a connect
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.Event().wait()
+        return 1
+
+    monkeypatch.setattr(RunStore, "publish_probe", swallowing)
+    bus = await make_bus(lease_ttl=30.0)  # a probe every 5 s: longer than a shutdown may take
+    await asyncio.wait_for(entered.wait(), WAIT)
+    probing = [task for task in asyncio.all_tasks() if "probe_forever" in repr(task)]
+    assert len(probing) == 1
+    await bus.close()
+    assert probing[0].done()  # it rested no probe interval after its stop
