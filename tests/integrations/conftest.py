@@ -2,13 +2,17 @@
 installed together, only the A2A tests of the one that is are collected."""
 
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from importlib.metadata import PackageNotFoundError, version
 
+import httpx
 import pytest
 
+from cancel_bus import CancelBus
 from node.embedded import EmbeddedServer
 
+from ..conftest import BusFactory
+from ..helpers import WAIT
 from .replica import Replica, running
 
 TRPC_REPLICA = "tests.integrations.trpc_replica"
@@ -23,6 +27,19 @@ except PackageNotFoundError:
     _MAJOR = ""
 
 collect_ignore = [name for major, name in _A2A_TESTS.items() if major != _MAJOR]
+
+
+@pytest.fixture
+async def http() -> AsyncIterator[httpx.AsyncClient]:
+    """A client of the replicas' HTTP routes."""
+    async with httpx.AsyncClient(timeout=WAIT * 2) as client:
+        yield client
+
+
+@pytest.fixture
+async def ops(make_bus: BusFactory) -> CancelBus:
+    """A bus of the test's own, to look at the records."""
+    return await make_bus()
 
 
 @pytest.fixture(scope="session")

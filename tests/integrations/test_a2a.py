@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -66,18 +66,6 @@ WHERE = ["owner", "other"]
 @pytest.fixture
 def namespace(replica_namespace: str) -> str:
     return replica_namespace
-
-
-@pytest.fixture
-async def http() -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(timeout=WAIT * 2) as client:
-        yield client
-
-
-@pytest.fixture
-async def ops(make_bus: BusFactory) -> CancelBus:
-    """A bus of the test's own, to look at the records."""
-    return await make_bus()
 
 
 class Tasks:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -61,17 +61,6 @@ CANCELED, WORKING = TaskState.TASK_STATE_CANCELED, TaskState.TASK_STATE_WORKING
 @pytest.fixture
 def namespace(replica_namespace: str) -> str:
     return replica_namespace
-
-
-@pytest.fixture
-async def http() -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(timeout=WAIT * 2) as client:
-        yield client
-
-
-@pytest.fixture
-async def ops(make_bus: BusFactory) -> CancelBus:
-    return await make_bus()
 
 
 class Stream:

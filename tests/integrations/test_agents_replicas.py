@@ -6,7 +6,6 @@ call: replica B calls the bus, and A's adapter stops the framework its own way."
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
@@ -14,7 +13,6 @@ import pytest
 
 from cancel_bus import CancelBus, RunStatus
 
-from ..conftest import BusFactory
 from ..helpers import WAIT, eventually
 from .agents_replica import APP, GATED, USER
 from .replica import Replica
@@ -38,17 +36,6 @@ LANGGRAPH_ENDS = {
 @pytest.fixture
 def namespace(replica_namespace: str) -> str:
     return replica_namespace
-
-
-@pytest.fixture
-async def http() -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(timeout=WAIT * 2) as client:
-        yield client
-
-
-@pytest.fixture
-async def ops(make_bus: BusFactory) -> CancelBus:
-    return await make_bus()
 
 
 class Runs:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
-from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
@@ -16,7 +15,6 @@ from trpc_agent_sdk.cancel._session_utils import _CANCELING_SUFFIX
 
 from cancel_bus import CancelBus, RunInfo, RunStatus
 
-from ..conftest import BusFactory
 from ..helpers import WAIT, eventually
 from .replica import Replica
 from .trpc_support import APP
@@ -29,17 +27,6 @@ MARKER = f"\n\n{_CANCELING_SUFFIX}"
 @pytest.fixture
 def namespace(replica_namespace: str) -> str:
     return replica_namespace
-
-
-@pytest.fixture
-async def http() -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(timeout=WAIT * 2) as client:
-        yield client
-
-
-@pytest.fixture
-async def ops(make_bus: BusFactory) -> CancelBus:
-    return await make_bus()
 
 
 class AgUiRun:

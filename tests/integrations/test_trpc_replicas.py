@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
@@ -18,7 +17,6 @@ from cancel_bus import CancelBus, Outcome, RunInfo, RunStatus, StopCause
 from cancel_bus.integrations._held import HeldCancels
 from cancel_bus.integrations.trpc_agent import bus_session
 
-from ..conftest import BusFactory
 from ..helpers import WAIT, eventually
 from .replica import Replica
 from .tree_support import children
@@ -31,18 +29,6 @@ MARKER = f"\n\n{_CANCELING_SUFFIX}"
 @pytest.fixture
 def namespace(replica_namespace: str) -> str:
     return replica_namespace
-
-
-@pytest.fixture
-async def http() -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(timeout=WAIT * 2) as client:
-        yield client
-
-
-@pytest.fixture
-async def ops(make_bus: BusFactory) -> CancelBus:
-    """A bus of the test's own, to look at the records."""
-    return await make_bus()
 
 
 class TrpcRuns:
@@ -246,8 +232,10 @@ async def test_cancelling_a_run_stops_the_run_of_its_sub_agent(
     session = runs.session("boss")
     await runs.start(session, "helper stream", app=BOSS)
 
-    async def helper_running() -> bool:
-        return bool(await children(ops, await record(ops, runs, session, BOSS)))
+    async def helper_running() -> bool:  # the boss's run may not be recorded yet
+        records = await ops.list_runs(status="all", app_name=BOSS, user_id=runs.user)
+        boss = next((run for run in records if run.session_id == session), None)
+        return boss is not None and bool(await children(ops, boss))
 
     await eventually(helper_running)
     root = await record(ops, runs, session, BOSS)

@@ -12,8 +12,7 @@ from ..helpers import eventually
 
 async def children(ops: CancelBus, parent: RunInfo) -> list[RunInfo]:
     """The runs started under ``parent`` (on any node)."""
-    runs = await ops.list_runs(status="all", limit=1000)
-    return [run for run in runs if run.parent == parent.run_id]
+    return await ops.children(parent.run_id)
 
 
 @dataclass(frozen=True)
