@@ -4,6 +4,7 @@ after a lost reply must change nothing)."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import re
 import time
 import uuid
@@ -43,22 +44,7 @@ async def _start(
 async def _finish(
     store: RunStore, run_id: str, node: str, epoch: str, status: RunStatus = RunStatus.SUCCEEDED
 ) -> tuple[str, str, str]:
-    return await store.finish_run(
-        Finish(
-            run_id=run_id,
-            node_id=node,
-            epoch=epoch,
-            status=status,
-            stop_cause=None,
-            output="out",
-            output_truncated=False,
-            error=None,
-            phase=None,
-            delivered_at=None,
-            observed_at=None,
-            record=dict,
-        )
-    )
+    return await store.finish_run(_finish_of(run_id, epoch, node_id=node, status=status))
 
 
 async def _cancel(
@@ -247,20 +233,7 @@ async def test_finish_recreates_a_record_redis_lost(store: RunStore) -> None:
         "session_id": "s",
     }
     code, status, _ = await store.finish_run(
-        Finish(
-            run_id="lost",
-            node_id="n1",
-            epoch=epoch,
-            status=RunStatus.SUCCEEDED,
-            stop_cause=None,
-            output="o",
-            output_truncated=False,
-            error=None,
-            phase=None,
-            delivered_at=None,
-            observed_at=None,
-            record=lambda: record,
-        )
+        _finish_of("lost", epoch, output="o", record=lambda: record)
     )
     assert (code, status) == ("ok", "succeeded")
     run = await store.get_run("lost")
@@ -413,22 +386,8 @@ async def test_a_run_is_recorded_cancelled_only_if_someone_asked(store: RunStore
     await _cancel(store, "asked")
 
     async def finish(run_id: str, cause: StopCause | None) -> tuple[str, str, str]:
-        return await store.finish_run(
-            Finish(
-                run_id=run_id,
-                node_id="n1",
-                epoch=epoch,
-                status=RunStatus.CANCELLED,  # the code stopped as for a cancel
-                stop_cause=cause,
-                output="",
-                output_truncated=False,
-                error=None,
-                phase=None,
-                delivered_at=None,
-                observed_at=None,
-                record=dict,
-            )
-        )
+        stopped = RunStatus.CANCELLED  # the code stopped as for a cancel
+        return await store.finish_run(_finish_of(run_id, epoch, status=stopped, stop_cause=cause))
 
     assert await finish("plain", None) == ("ok", "failed", "error")
     assert await finish("fenced", StopCause.LEASE_LOST) == ("ok", "failed", "lease_lost")
@@ -557,8 +516,9 @@ async def test_a_cancel_takes_its_turn_in_a_burst_of_finishes(
     assert all(not isinstance(a, BaseException) and a[0] in ("ok", "done") for a in answers)
 
 
-def _finish_of(run_id: str, epoch: str) -> Finish:
-    return Finish(
+def _finish_of(run_id: str, epoch: str, **changes: Any) -> Finish:
+    """A succeeded run's finish by node n1, as ``changes`` alter it."""
+    finish = Finish(
         run_id=run_id,
         node_id="n1",
         epoch=epoch,
@@ -572,3 +532,4 @@ def _finish_of(run_id: str, epoch: str) -> Finish:
         observed_at=None,
         record=dict,
     )
+    return dataclasses.replace(finish, **changes)
