@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any
+from typing import Any, cast
 
 from ._errors import InvalidArgument
 from ._keys import validate_id
 from ._run import current_run
+from ._store import StatusFilter
 from ._types import CancelMode, RunStatus, StopCause
 
 MAX_TEXT = 1000
@@ -101,10 +102,60 @@ def timeout(value: float) -> float:
     return value
 
 
-def status_filter(value: RunStatus | str) -> RunStatus | str:
+def request(
+    mode_: CancelMode | str,
+    cause_: StopCause | str,
+    reason: str | None,
+    requested_by: str | None,
+    timeout_: float,
+) -> tuple[CancelMode, StopCause]:
+    """A cancel's arguments: its mode and cause, checked (the texts and timeout too)."""
+    checked = mode(mode_), cause(cause_)
+    text(reason, "reason")
+    text(requested_by, "requested_by", limit=200)
+    timeout(timeout_)
+    return checked
+
+
+def settings(
+    lease_ttl: float,
+    retention: float,
+    sweep_interval: float,
+    max_output_chars: int,
+    self_fence_after: float | None,
+) -> float:
+    """A bus's settings, checked; -> the self-fence deadline (default ``max(60, 3 leases)``)."""
+    require(lease_ttl >= 0.3, "lease_ttl must be at least 0.3 seconds")
+    require(retention >= 1, "retention must be at least 1 second")
+    require(sweep_interval > 0, "sweep_interval must be positive")
+    require(max_output_chars >= 0, "max_output_chars must not be negative")
+    if self_fence_after is None:
+        return max(60.0, 3 * lease_ttl)
+    require(self_fence_after >= lease_ttl, "self_fence_after must be at least lease_ttl")
+    return self_fence_after
+
+
+def listing(
+    status: RunStatus | str,
+    node_id: str | None,
+    app_name: str | None,
+    user_id: str | None,
+    limit_: int,
+) -> tuple[StatusFilter, str | None, str | None, str | None, int]:
+    """The arguments of a runs listing, checked."""
+    return (
+        status_filter(status),
+        optional_id(node_id, "node_id"),
+        optional_id(app_name, "app_name"),
+        optional_id(user_id, "user_id"),
+        limit(limit_),
+    )
+
+
+def status_filter(value: RunStatus | str) -> StatusFilter:
     """ "active", "all" or a :class:`RunStatus`."""
     if value in ("active", "all"):
-        return value
+        return cast(StatusFilter, value)
     try:
         return RunStatus(value)
     except ValueError:

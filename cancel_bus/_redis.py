@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Awaitable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 from redis.asyncio import BlockingConnectionPool, ConnectionPool, Redis
@@ -39,6 +39,8 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ._errors import BusUnavailable, CancelBusError, InvalidArgument
+
+T = TypeVar("T")
 
 RETRYABLE: tuple[type[Exception], ...] = (
     RedisConnectionError,
@@ -172,6 +174,16 @@ def translated(action: str) -> Iterator[None]:
         if not is_closed_transport(exc):
             raise
         raise BusUnavailable(f"{action}: Redis connection lost ({exc})") from exc
+
+
+async def within(timeout: float, call: Awaitable[T], doubt: str = "") -> T:
+    """The call's answer, or :class:`BusUnavailable` if Redis gives none within ``timeout``
+    (``doubt``: what the caller cannot know then)."""
+    try:
+        async with asyncio.timeout(timeout):
+            return await call
+    except TimeoutError as exc:
+        raise BusUnavailable(f"no answer from Redis within the timeout{doubt}") from exc
 
 
 def translate(action: str, exc: BaseException) -> BaseException:

@@ -17,7 +17,7 @@ from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 
 from ._batcher import ScriptBatcher
-from ._errors import CancelBusError
+from ._errors import CancelBusError, RunExists, SessionBusy
 from ._keys import KeySpace
 from ._messages import MessageSigner, decode, probe_body
 from ._redis import translate, translated
@@ -239,9 +239,9 @@ class RunStore:
         session: tuple[str, str, str] | None,
         metadata: dict[str, Any] | None,
         parent: str | None = None,
-    ) -> tuple[str, RunInfo | None, str]:
-        """-> (code, run, detail); code is ok | exists | session_busy | cancelled (with the run,
-        recorded cancelled at once: its parent's cancel, a tombstone)."""
+    ) -> RunInfo:
+        """The queued run (or, if it must never start — its parent's cancel, a tombstone — the
+        run recorded cancelled at once); :class:`SessionBusy`, :class:`RunExists` if taken."""
         app, user, sess = session or ("", "", "")
         reply = await self._eval(
             "enqueue_run",
@@ -251,9 +251,12 @@ class RunStore:
                 self.retention_ms,
             ],
         )  # fmt: skip
-        if reply[0] in ("ok", "cancelled"):
-            return reply[0], RunInfo.from_redis(_fields(reply[1])), ""
-        return reply[0], None, reply[1]
+        if reply[0] == "session_busy":
+            assert session is not None
+            raise SessionBusy(session, reply[1])
+        if reply[0] == "exists":
+            raise RunExists(run_id, reply[1])
+        return RunInfo.from_redis(_fields(reply[1]))
 
     async def request_cancel(
         self,
@@ -639,11 +642,12 @@ class RunStore:
             entries = cast(_Entries, cast(list[Any], reply)[0][1])
         return [_event(entry_id, fields) for entry_id, fields in entries]
 
-    async def child_ids(self, run_id: str) -> set[str]:
-        """The runs started as the run's children (its ``kids:`` set)."""
-        with translated("child_ids"):
-            ids = await self.redis.smembers(self.keys.children(run_id))
-        return cast(set[str], ids)
+    async def children(self, run_id: str) -> list[RunInfo]:
+        """The runs started as the run's children (its ``kids:`` set), the oldest first."""
+        with translated("children"):
+            ids = cast(set[str], await self.redis.smembers(self.keys.children(run_id)))
+        runs = await self.get_runs(sorted(ids))
+        return sorted(runs, key=lambda run: run.created_at)
 
     async def node_run_ids(self, node_id: str) -> set[str]:
         with translated("node_run_ids"):

@@ -106,7 +106,7 @@ async def crash(bus: CancelBus, proxy: FaultProxy) -> None:
     background tasks stop, so it neither heartbeats, nor listens, nor leaves. Its runs' code
     goes on, as in a process that hangs; the test stops them."""
     proxy.refuse()
-    await bus._shutdown_tasks()
+    await bus._node.shutdown_tasks()
     bus._lifecycle.phase = "closed"
 
 

@@ -487,7 +487,7 @@ async def test_an_immediate_cancel_that_beats_the_registration_still_interrupts(
 
 
 async def _remembered(bus: CancelBus, run_id: str) -> bool:
-    return run_id in bus._local._early
+    return run_id in bus._node.local._early
 
 
 async def test_list_runs_of_every_status_most_recent_first(make_bus: BusFactory) -> None:

@@ -31,7 +31,7 @@ async def test_follow_from_another_node_sees_output_then_the_end(make_bus: BusFa
 
     task = asyncio.create_task(work())
     await asyncio.wait_for(started.wait(), WAIT)
-    await a._sync.flush(a._local.states())
+    await a._node.sync.flush(a._node.local.states())
     seen: list[RunEvent] = []
 
     async def follow() -> None:

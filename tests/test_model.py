@@ -229,7 +229,7 @@ class BusModel(RuleBasedStateMachine):
     @precondition(lambda self: bool(self._live()))
     @rule()
     def reap(self) -> None:
-        self._do(self._live()[0].bus._lease.reap())
+        self._do(self._live()[0].bus._node.lease.reap())
         for run in self.runs:
             if (
                 run.owner is not None

@@ -406,8 +406,8 @@ async def test_a_run_is_recorded_cancelled_only_if_someone_asked(store: RunStore
 
 async def test_a_queued_run_is_claimed_only_by_its_own_session(store: RunStore) -> None:
     epoch = await _node(store)
-    code, _, _ = await store.enqueue_run("q1", ("app", "alice", "s"), {"secret": 1})
-    assert code == "ok"
+    queued = await store.enqueue_run("q1", ("app", "alice", "s"), {"secret": 1})
+    assert queued.status is RunStatus.QUEUED
     for stranger in (("app", "bob", "s"), ("app", "alice", "other"), ("other", "alice", "s")):
         code, run, _ = await store.start_run("q1", "n1", epoch, stranger, None, False)
         assert code == "exists" and run is not None and run["status"] == "queued"
@@ -415,7 +415,7 @@ async def test_a_queued_run_is_claimed_only_by_its_own_session(store: RunStore) 
     assert code == "ok" and run is not None and run["status"] == "running"
     code, _, _ = await store.start_run("q1", "n1", epoch, ("app", "bob", "s"), None, False)
     assert code == "exists"  # running here: not bob's either
-    assert (await store.enqueue_run("q2", None, None))[0] == "ok"
+    assert (await store.enqueue_run("q2", None, None)).status is RunStatus.QUEUED
     code, _, _ = await store.start_run("q2", "n1", epoch, ("app", "bob", "s"), None, False)
     assert code == "exists"  # a run queued without a session is not a user's to claim
     code, _, _ = await store.start_run("q2", "n1", epoch, None, None, False)

@@ -114,11 +114,11 @@ async def test_a_node_whose_channel_goes_silent_turns_unready_within_a_probe_int
         return stale, False  # connected, subscribed, answering pings: on the wrong server
 
     topology = SimpleNamespace(subscriber=misdirected, cluster=False)
-    monkeypatch.setattr(a._inbox, "_topology", topology)
-    await a._inbox.unsubscribe()  # its subscription is lost...
-    await a._inbox.subscribe(timeout=WAIT)  # ... and made again where nothing arrives
-    assert a._inbox.connected  # connected, subscribed: everything looks fine but the probes
-    async with asyncio.timeout(3 * a._inbox.probe_interval + 1):
+    monkeypatch.setattr(a._node.inbox, "_topology", topology)
+    await a._node.inbox.unsubscribe()  # its subscription is lost...
+    await a._node.inbox.subscribe(timeout=WAIT)  # ... and made again where nothing arrives
+    assert a._node.inbox.connected  # connected, subscribed: everything looks fine but the probes
+    async with asyncio.timeout(3 * a._node.inbox.probe_interval + 1):
         while a.ready:
             await asyncio.sleep(0.02)
     assert any("silent" in problem for problem in a.problems)

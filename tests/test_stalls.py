@@ -199,7 +199,7 @@ async def test_a_run_whose_exit_is_cancelled_ends_once_its_end_is_recorded(
 
 
 async def _finishing(bus: CancelBus) -> bool:
-    return bus._local.finishing > 0
+    return bus._node.local.finishing > 0
 
 
 async def _rejected(bus: CancelBus, count: int) -> bool:

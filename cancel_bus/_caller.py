@@ -1,0 +1,112 @@
+"""The caller's side of a cancel: what Redis's answer becomes, and waiting for runs to end.
+
+A cancel this node had recorded is kept for recovery (recorded again if Redis loses it) and,
+when its run is here, delivered at once (the owner was not sent a message). With ``wait``, each
+stopping run of the answer is waited for until it ends or the deadline; a tree answers
+``cancelled`` only once all of it has stopped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+from ._local import Delivery, LocalRuns
+from ._recovery import Recovery
+from ._redis import within
+from ._store import CancelAnswer, RunStore
+from ._types import BusStats, CancelResult, Outcome, RunInfo, RunStatus
+from ._waiters import Waiters
+
+log = logging.getLogger("cancel_bus")
+
+
+class CallerSide:
+    def __init__(
+        self,
+        *,
+        node_id: Callable[[], str],
+        store: RunStore,
+        local: LocalRuns,
+        recovery: Recovery,
+        waiters: Waiters,
+        stats: BusStats,
+    ) -> None:
+        self._node_id = node_id
+        self._store = store
+        self._local = local
+        self._recovery = recovery
+        self._waiters = waiters
+        self._stats = stats
+
+    async def settle(
+        self, answer: CancelAnswer, target: str, wait: bool, deadline: float
+    ) -> CancelResult:
+        """The result of a recorded cancel: its runs' ends, those that came by the deadline."""
+        self._stats.cancels_requested += 1
+        if answer.unheard:  # published, and nobody on an owner's channel heard it
+            self._stats.cancels_unheard += answer.unheard
+            log.warning(
+                "cancel-bus: %d owner(s) not listening: their sweeps deliver", answer.unheard
+            )
+        nodes = [(answer.code, answer.run), *((code, run) for _, code, run in answer.descendants)]
+        for code, node in nodes:
+            if code == "stopping" and node is not None and node.cancel_request is not None:
+                self._accepted(node)
+        finals = await asyncio.gather(
+            *(self._end_of(code, node, wait, deadline) for code, node in nodes)
+        )
+        results = [
+            CancelResult(outcome=Outcome(code), run=node) if final is None else final
+            for (code, node), final in zip(nodes, finals, strict=True)
+        ]
+        root, below = results[0], results[1:]
+        if root.outcome is Outcome.CANCELLED and any(r.outcome is Outcome.STOPPING for r in below):
+            root = CancelResult(outcome=Outcome.STOPPING, run=root.run)  # not until they stop
+        if answer.truncated:
+            log.warning(
+                "cancel-bus: the tree of %s is too large for one cancel: runs left out", target
+            )
+        return CancelResult(
+            outcome=root.outcome, run=root.run, descendants=below, truncated=answer.truncated
+        )
+
+    async def wait(self, run_id: str, timeout: float) -> RunInfo | None:
+        """The run as it stands at its end or at the timeout (None if unknown)."""
+        deadline = asyncio.get_running_loop().time() + timeout
+        status = await within(timeout, self._store.add_waiter(run_id, self._node_id()))
+        if not status:
+            return None
+        if RunStatus(status).is_active:
+            final = await self._waiters.until_end(run_id, deadline, self._store.get_run)
+            if final is not None:
+                return final
+        return await self._store.get_run(run_id)
+
+    def _accepted(self, run: RunInfo) -> None:
+        """A cancel this node had recorded: kept for recovery, and delivered at once if the
+        run is here."""
+        request = run.cancel_request
+        assert request is not None
+        self._recovery.accepted(run.run_id, request)
+        here = run.owner == self._node_id()
+        if here and self._local.deliver(run.run_id, request) is Delivery.DELIVERED:
+            self._stats.cancels_delivered += 1
+
+    async def _end_of(
+        self, code: str, run: RunInfo | None, wait: bool, deadline: float
+    ) -> CancelResult | None:
+        """How a stopping run ended, if it did before the deadline (and the caller waits)."""
+        if code != "stopping" or run is None or not wait:
+            return None
+        final = await self._waiters.until_end(run.run_id, deadline, self._store.get_run)
+        return None if final is None else CancelResult(outcome=_outcome_of(final), run=final)
+
+
+def _outcome_of(final: RunInfo) -> Outcome:
+    if final.end_reason == "owner_lost":
+        return Outcome.OWNER_LOST
+    if final.status is RunStatus.CANCELLED:
+        return Outcome.CANCELLED
+    return Outcome.ALREADY_FINISHED
