@@ -27,7 +27,7 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.live import Live
 
-from cancel_bus import CancelMode, InvalidArgument, __version__, acl_rules
+from cancel_bus import CancelBusError, CancelMode, InvalidArgument, __version__, acl_rules
 
 from .display import (
     as_json,
@@ -140,6 +140,8 @@ def serve(args: argparse.Namespace) -> int:
         DrainingServer(config, node).run()  # binds the port before the node joins
     except (DataDirBusy, PortInUse) as exc:
         raise CliError(str(exc)) from None
+    except CancelBusError as exc:
+        raise CliError(f"cannot start: {exc}") from None
     return 0
 
 

@@ -32,4 +32,4 @@ def main() -> None:
             f"cancel-bus: the command needs the node service's dependencies ({exc.name} is not "
             "installed): pip install 'cancel-bus[node]'"
         )
-    cli()
+    sys.exit(cli())

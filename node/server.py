@@ -68,6 +68,16 @@ class DrainingServer(uvicorn.Server):
         self._loop = asyncio.get_running_loop()
         await super().serve(sockets=sockets)
 
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        """The node joins its cluster before the app's lifespan runs, so a Redis that is not
+        there is a :class:`CancelBusError` for the command to report, not a traceback."""
+        await self.node.start()
+        try:
+            await super().startup(sockets=sockets)
+        except BaseException:  # uvicorn could not serve: the node leaves again
+            await self.node.stop()
+            raise
+
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         """The signal handler: hand the signal to the event loop (never re-raised later)."""
         if self._loop is not None:

@@ -72,10 +72,25 @@ class NodeService:
         return self._buses[namespace]
 
     async def start(self) -> None:
+        """Start the embedded server (without a Redis URL) and join each namespace; a failure
+        (:class:`CancelBusError` when Redis is not there) leaves nothing running. Once started,
+        a no-op."""
+        if self._buses:
+            return
+        try:
+            await self._join()
+        except BaseException:
+            buses = list(self._buses.values())
+            self._buses.clear()
+            await asyncio.gather(*(bus.close() for bus in buses), return_exceptions=True)
+            self._stop_embedded()
+            raise
+
+    async def _join(self) -> None:
         s = self.settings
         url = s.redis_connection_url() or self._start_embedded()
         for namespace in dict.fromkeys([s.namespace, *s.app_namespaces.values()]):
-            bus = CancelBus(
+            self._buses[namespace] = bus = CancelBus(
                 url,
                 namespace=namespace,
                 node_id=s.node_id,
@@ -87,7 +102,6 @@ class NodeService:
                 profile_checkpoints=s.profile_checkpoints,
             )
             await bus.start()
-            self._buses[namespace] = bus
         self.metrics.watch(self._buses)
 
     @property
@@ -138,6 +152,9 @@ class NodeService:
         for task in list(self._tasks | self._runs):
             task.cancel()
         await asyncio.gather(*self._tasks, *self._runs, return_exceptions=True)
+        self._stop_embedded()
+
+    def _stop_embedded(self) -> None:
         if self.embedded is not None:
             self.embedded.stop()
             self.embedded = None

@@ -1,4 +1,4 @@
-"""Real node processes (``python -m node.cli serve``) on free loopback ports."""
+"""Real node processes (the installed ``cancel-bus serve``) on free loopback ports."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import httpx
 from node.embedded import free_port
 
 READY_TIMEOUT = 30.0
+COMMAND = str(Path(sys.executable).parent / "cancel-bus")  # as installed: its exit codes too
 
 
 class NodeProcess:
@@ -37,7 +38,7 @@ class NodeProcess:
     def start(self) -> NodeProcess:
         log = self.log_path.open("ab")
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "node.cli", "serve"],
+            [COMMAND, "serve"],
             env=self.env,
             stdout=log,
             stderr=subprocess.STDOUT,

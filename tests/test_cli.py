@@ -20,7 +20,7 @@ import pytest
 from node.cli import Exit, build_parser
 from node.embedded import EmbeddedServer
 
-from .node_cluster import Cluster
+from .node_cluster import COMMAND, Cluster
 
 README = Path(__file__).parent.parent / "README.md"
 ISO = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z$")
@@ -41,9 +41,9 @@ def cluster(
 def cli(
     *args: str, timeout: float = 60, answer: str | None = None, **env: str
 ) -> subprocess.CompletedProcess[str]:
-    """The command in a process of its own; ``answer``: what it reads on stdin."""
+    """The installed command in a process of its own; ``answer``: what it reads on stdin."""
     return subprocess.run(
-        [sys.executable, "-m", "node.cli", *args],
+        [COMMAND, *args],
         capture_output=True,
         text=True,
         timeout=timeout,

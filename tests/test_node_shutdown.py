@@ -9,7 +9,6 @@ import re
 import signal
 import socket
 import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -20,7 +19,7 @@ import pytest
 
 from node.embedded import EmbeddedServer
 
-from .node_cluster import Cluster, NodeProcess
+from .node_cluster import COMMAND, Cluster, NodeProcess
 
 STOP_SIGNALS = [signal.SIGINT, signal.SIGTERM]
 
@@ -116,7 +115,7 @@ def test_the_port_is_bound_before_the_node_starts_its_server_or_joins(tmp_path: 
         taken.listen()
         port = taken.getsockname()[1]
         result = subprocess.run(
-            [sys.executable, "-m", "node.cli", "serve", "--port", str(port)],
+            [COMMAND, "serve", "--port", str(port)],
             capture_output=True,
             text=True,
             timeout=60,
@@ -158,7 +157,7 @@ def _listening(port: int) -> bool:
 )
 def test_the_demo_takes_its_processes_with_it(sig: signal.Signals, tmp_path: Path) -> None:
     demo = subprocess.Popen(
-        [sys.executable, "-m", "node.cli", "demo", "--nodes", "2"],
+        [COMMAND, "demo", "--nodes", "2"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

@@ -1,6 +1,6 @@
 """What a node process agrees to serve: auth off (no tokens, or an empty table) only on loopback
-unless told otherwise, a log that says where it listens, and /metrics behind a token by default
-when tokens are set."""
+unless told otherwise, a log that says where it listens, /metrics behind a token by default
+when tokens are set; and a node that cannot join says so in one line and leaves nothing behind."""
 
 from __future__ import annotations
 
@@ -8,17 +8,21 @@ import contextlib
 import json
 import os
 import subprocess
-import sys
 import time
 import uuid
 from pathlib import Path
 
 import httpx
 import pytest
+import redis.asyncio as aioredis
 
+from cancel_bus import BusUnavailable, CancelBus
+from cancel_bus._keys import KeySpace
 from node.embedded import EmbeddedServer, free_port
+from node.service import NodeService
+from node.settings import Settings
 
-from .node_cluster import READY_TIMEOUT, Cluster
+from .node_cluster import COMMAND, READY_TIMEOUT, Cluster
 
 OPS = "ops-" + uuid.uuid4().hex
 
@@ -35,7 +39,7 @@ def _serve(redis_url: str, *args: str, port: int = 0, **env: str) -> subprocess.
     }
     environment = {key: value for key, value in environment.items() if value != ""}
     return subprocess.Popen(
-        [sys.executable, "-m", "node.cli", "serve", "--port", str(port or free_port()), *args],
+        [COMMAND, "serve", "--port", str(port or free_port()), *args],
         env={**environment, "COLUMNS": "80"},
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -142,3 +146,40 @@ def test_metrics_need_a_token_by_default_and_can_be_opened(
             assert "cancel_bus_node_tasks" in client.get("/metrics").text
     finally:
         cluster.stop()
+
+
+def test_a_redis_that_is_not_there_is_one_line_and_exit_code_1() -> None:
+    nothing_there = f"redis://127.0.0.1:{free_port()}/0"
+    process = _serve(nothing_there)
+    try:
+        stdout, stderr = process.communicate(timeout=60)
+    finally:
+        process.kill()
+        process.wait()
+    assert process.returncode == 1, (stdout, stderr)
+    assert "Traceback" not in stderr, stderr
+    last = stderr.strip().splitlines()[-1]
+    assert last.startswith("cancel-bus: cannot start: register_node: Redis unavailable"), stderr
+
+
+async def test_a_namespace_that_cannot_join_leaves_nothing_behind(
+    redis_server: EmbeddedServer, raw_redis: aioredis.Redis
+) -> None:
+    allowed, forbidden = f"ok-{uuid.uuid4().hex[:8]}", f"no-{uuid.uuid4().hex[:8]}"
+    user, password = f"u-{allowed}", "pw-" + uuid.uuid4().hex
+    await raw_redis.execute_command(
+        "ACL", "SETUSER", user, "on", f">{password}", *KeySpace(allowed).acl_rules().split()
+    )
+    settings = Settings(
+        redis_url=f"redis://{user}:{password}@127.0.0.1:{redis_server.port}/0",
+        namespace=allowed,
+        app_namespaces={"other": forbidden},
+        lease_ttl=2.0,
+    )
+    node = NodeService(settings)
+    with pytest.raises(BusUnavailable, match="refused access"):
+        await node.start()  # the first namespace joined, the second was refused
+    assert node.buses == []
+    async with CancelBus(redis_server.url, namespace=allowed) as observer:
+        nodes = await observer.list_nodes()
+    assert [n.node_id for n in nodes] == [observer.node_id]  # the one that joined has left
