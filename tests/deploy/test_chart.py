@@ -143,6 +143,7 @@ VALUE_SETS: dict[str, tuple[dict[str, Any], str | None, str | None]] = {
                 "maxBodyBytes": 1_048_576,
                 "drainTimeout": 30.5,
                 "profileCheckpoints": True,
+                "accessLog": False,
             },
         },
         "redis://redis.data:6379/0",
@@ -402,6 +403,7 @@ def test_every_variable_is_a_setting_the_app_reads(
     assert settings.retention == values["config"]["retention"]
     assert settings.max_body_bytes == values["config"]["maxBodyBytes"]
     assert settings.profile_checkpoints == values["config"]["profileCheckpoints"]
+    assert settings.access_log == values["config"]["accessLog"]
     assert (settings.signing_key is not None) == values["signingKey"]["enabled"]
     assert settings.namespace == values["config"]["namespace"]
     assert settings.app_namespaces == values["config"]["appNamespaces"]
