@@ -1,11 +1,18 @@
 """A hypothesis state machine drives the library on a real server against a small reference
 model: start, enqueue, claim, cancel in each mode from any node, checkpoint, turn boundary,
 complete, fail, kill a node, expire its lease, reap. After every step Redis must agree with the
-model, and every finished run must have exactly one finish event."""
+model, and every finished run must have exactly one finish event.
+
+The suite draws the same 25 cases every run (a red CI run is one you can run again);
+``CANCEL_BUS_MODEL_CASES=N`` draws N new ones, to explore::
+
+    CANCEL_BUS_MODEL_CASES=500 .venv/bin/pytest -q tests/test_model.py --timeout=0
+"""
 
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -285,7 +292,8 @@ def _server(redis_server: EmbeddedServer) -> None:
 
 TestBusModel = BusModel.TestCase
 TestBusModel.settings = settings(
-    max_examples=25,
+    max_examples=int(os.environ.get("CANCEL_BUS_MODEL_CASES", "25")),
+    derandomize="CANCEL_BUS_MODEL_CASES" not in os.environ,
     stateful_step_count=30,
     deadline=None,
     database=None,
