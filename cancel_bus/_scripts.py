@@ -593,17 +593,24 @@ return reply({'ok', redis.call('HGETALL', rk)})
 
 # KEYS[1] run hash
 # ARGV[1] run_id, ARGV[2] app_name, ARGV[3] user_id, ARGV[4] session_id ('' x3: none),
-# ARGV[5] metadata json or '', ARGV[6] parent run id or '', ARGV[7] retention_ms
+# ARGV[5] metadata json or '', ARGV[6] parent run id or '', ARGV[7] retention_ms, ARGV[8] request
+# id (unique per call, kept in the record: a call redis-py repeats because its answer was lost
+# answers with the run it queued, as it now stands)
 # A run whose parent has an accepted cancel, or that a live tombstone matches, is recorded
 # cancelled at once: it never starts.
 # -> {'ok', run fields} | {'exists', status} | {'session_busy', run_id} | {'cancelled', fields}
 ENQUEUE_RUN = _script("""
 local rk = KEYS[1]
 local run_id, app, user, sess, metadata = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
-local parent, retention_ms = ARGV[6], tonumber(ARGV[7])
+local parent, retention_ms, request = ARGV[6], tonumber(ARGV[7]), ARGV[8]
 local st = redis.call('HGET', rk, 'status')
-if st then return {'exists', st} end
-local r = {run_id = run_id}
+if st then
+  if redis.call('HGET', rk, 'enqueue_request') == request then  -- this very call, sent again
+    return {'ok', redis.call('HGETALL', rk)}
+  end
+  return {'exists', st}
+end
+local r = {run_id = run_id, enqueue_request = request}
 if app ~= '' then r.app_name, r.user_id, r.session_id = app, user, sess end
 if metadata ~= '' then r.metadata = metadata end
 if parent ~= '' then r.parent = parent end
@@ -887,12 +894,15 @@ return {offset + count, matched}
 # requested_by, ARGV[6] cause, ARGV[7] ttl_ms
 # A hold on later runs: until it expires, a run started, claimed or queued that matches the
 # selector is recorded cancelled with this request (inherited_cancel).
-# -> {'ok', expires_at} | {'full'} (__MAX_TOMBSTONES__ live already)
+# -> {'ok', expires_at} | {'full'} (__MAX_TOMBSTONES__ live already); the id laid already (a
+# call sent again) answers 'ok' and changes nothing
 ADD_TOMBSTONE = _script("""
 local tombstones = KEYS[1]
 local id, selector, mode, reason, by = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local cause, ttl_ms = ARGV[6], tonumber(ARGV[7])
 redis.call('ZREMRANGEBYSCORE', tombstones, '-inf', fmt(NOW_S))
+local laid = redis.call('ZSCORE', tombstones, id)
+if laid then return {'ok', laid} end  -- a call sent again: it was laid, even if now full
 if redis.call('ZCARD', tombstones) >= __MAX_TOMBSTONES__ then return {'full'} end
 local expires = fmt(NOW_S + ttl_ms / 1000)
 local tk = key_tombstone(id)

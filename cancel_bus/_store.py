@@ -239,6 +239,7 @@ class RunStore:
         session: tuple[str, str, str] | None,
         metadata: dict[str, Any] | None,
         parent: str | None = None,
+        request_id: str | None = None,
     ) -> RunInfo:
         """The queued run (or, if it must never start — its parent's cancel, a tombstone — the
         run recorded cancelled at once); :class:`SessionBusy`, :class:`RunExists` if taken."""
@@ -248,7 +249,7 @@ class RunStore:
             [self.keys.run(run_id)],
             [
                 run_id, app, user, sess, _json_or_empty(metadata), parent or "",
-                self.retention_ms,
+                self.retention_ms, request_id or secrets.token_hex(12),
             ],
         )  # fmt: skip
         if reply[0] == "session_busy":

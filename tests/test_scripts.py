@@ -13,9 +13,17 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 
+from cancel_bus import RunExists
 from cancel_bus._batcher import MAX_CALLS, MAX_IN_FLIGHT, ScriptBatcher
 from cancel_bus._keys import KEY_TEMPLATES, KeySpace
-from cancel_bus._scripts import ALL_SCRIPTS, BATCH_HEAD, BATCH_TAIL, EVENTS_MAX, PRELUDE
+from cancel_bus._scripts import (
+    ALL_SCRIPTS,
+    BATCH_HEAD,
+    BATCH_TAIL,
+    EVENTS_MAX,
+    MAX_TOMBSTONES,
+    PRELUDE,
+)
 from cancel_bus._store import Finish, RunStore
 from cancel_bus._types import CancelMode, RunStatus, StopCause
 
@@ -533,3 +541,41 @@ def _finish_of(run_id: str, epoch: str, **changes: Any) -> Finish:
         record=dict,
     )
     return dataclasses.replace(finish, **changes)
+
+
+async def test_a_tombstone_sent_again_is_laid_once_even_when_the_namespace_is_full(
+    store: RunStore, raw_redis: aioredis.Redis
+) -> None:
+    """redis-py sends a script again when the connection dies before its answer came: the
+    repeat must not answer "too many tombstones" for the one the first send laid."""
+
+    async def lay(tombstone_id: str) -> bool:
+        selector = {"user_id": "u"}
+        return await store.add_tombstone(
+            tombstone_id, selector, CancelMode.CHECKPOINT, None, None, StopCause.USER, 60
+        )
+
+    for n in range(MAX_TOMBSTONES - 1):
+        assert await lay(f"t{n}")
+    assert await lay("last")  # the namespace is now full
+    laid = await raw_redis.hgetall(store.keys.tombstone("last"))
+    assert not await lay("another")
+    assert await lay("last")  # sent again: laid, as it was
+    assert await raw_redis.zcard(store.keys.tombstones) == MAX_TOMBSTONES
+    assert await raw_redis.hgetall(store.keys.tombstone("last")) == laid  # not laid anew
+
+
+async def test_an_enqueue_sent_again_answers_with_the_run_it_queued(store: RunStore) -> None:
+    """redis-py sends a script again when the connection dies before its answer came: the
+    repeat of an enqueue that ran must not say the run exists (it does: the call made it)."""
+    epoch = await _node(store)
+    session = ("app", "u", "s")
+    first = await store.enqueue_run("q1", session, {"k": 1}, request_id="call-1")
+    again = await store.enqueue_run("q1", session, {"k": 1}, request_id="call-1")
+    assert first.status is again.status is RunStatus.QUEUED and again.run_id == "q1"
+    with pytest.raises(RunExists):  # another call for the same id is a conflict
+        await store.enqueue_run("q1", session, {"k": 1}, request_id="call-2")
+    code, _, _ = await store.start_run("q1", "n1", epoch, session, None, False)
+    assert code == "ok"
+    late = await store.enqueue_run("q1", session, {"k": 1}, request_id="call-1")
+    assert late.status is RunStatus.RUNNING  # the run it queued, as it now stands
