@@ -916,13 +916,20 @@ return {'ok', expires}
 """)
 
 # KEYS[1] tombstones zset
-# ARGV[1] tombstone id
-# -> 1 if it was live, else 0
+# ARGV[1] tombstone id, ARGV[2] request id (unique per call: the hash keeps it for two minutes,
+# so a call redis-py repeats because its answer was lost answers 1 as the first did)
+# -> 1 if it was live (this call lifted it), else 0
 REMOVE_TOMBSTONE = _script("""
 local tombstones = KEYS[1]
-local id = ARGV[1]
-redis.call('DEL', key_tombstone(id))
-return redis.call('ZREM', tombstones, id)
+local id, request = ARGV[1], ARGV[2]
+local tk = key_tombstone(id)
+if redis.call('ZREM', tombstones, id) == 0 then
+  return redis.call('HGET', tk, 'removed_by') == request and 1 or 0
+end
+redis.call('DEL', tk)
+redis.call('HSET', tk, 'removed_by', request)
+redis.call('PEXPIRE', tk, 120000)
+return 1
 """)
 
 # The scripts that may notify nodes: they answer {notices, reply} (see the module docstring).

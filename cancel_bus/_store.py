@@ -443,8 +443,10 @@ class RunStore:
         )  # fmt: skip
         return bool(reply[0] == "ok")
 
-    async def remove_tombstone(self, tombstone_id: str) -> bool:
-        return bool(await self._eval("remove_tombstone", [self.keys.tombstones], [tombstone_id]))
+    async def remove_tombstone(self, tombstone_id: str, request_id: str | None = None) -> bool:
+        """Lift a tombstone; False if it was not live."""
+        args = [tombstone_id, request_id or secrets.token_hex(12)]
+        return bool(await self._eval("remove_tombstone", [self.keys.tombstones], args))
 
     async def tombstones(self) -> list[Tombstone]:
         """The live tombstones, soonest to expire first."""
@@ -456,7 +458,7 @@ class RunStore:
                 for tombstone_id in ids:
                     pipe.hgetall(self.keys.tombstone(tombstone_id))
                 rows: list[dict[str, str]] = await pipe.execute()
-        return [_tombstone(row) for row in rows if row]
+        return [_tombstone(row) for row in rows if "selector" in row]  # not lifted meanwhile
 
     # -- reads --------------------------------------------------------------------------------
 

@@ -579,3 +579,17 @@ async def test_an_enqueue_sent_again_answers_with_the_run_it_queued(store: RunSt
     assert code == "ok"
     late = await store.enqueue_run("q1", session, {"k": 1}, request_id="call-1")
     assert late.status is RunStatus.RUNNING  # the run it queued, as it now stands
+
+
+async def test_a_tombstone_lift_sent_again_answers_as_the_first(
+    store: RunStore, raw_redis: aioredis.Redis
+) -> None:
+    laid = await store.add_tombstone(
+        "t1", {"user_id": "u"}, CancelMode.CHECKPOINT, None, None, StopCause.USER, 60
+    )
+    assert laid
+    assert await store.remove_tombstone("t1", request_id="call-1")
+    assert await store.remove_tombstone("t1", request_id="call-1")  # sent again: lifted
+    assert not await store.remove_tombstone("t1", request_id="call-2")  # not live any more
+    assert await store.tombstones() == []  # what the lift keeps is not a tombstone
+    assert 0 < await raw_redis.pttl(store.keys.tombstone("t1")) <= 120_000
