@@ -110,6 +110,7 @@ def serve(args: argparse.Namespace) -> int:
     if args.insecure_no_auth:
         os.environ["CANCEL_BUS_INSECURE_NO_AUTH"] = "true"
     from .app import create_app  # noqa: PLC0415 (settings read the environment set above)
+    from .embedded import ServerError  # noqa: PLC0415
     from .service import DataDirBusy  # noqa: PLC0415
     from .settings import ENV_PREFIX, Settings  # noqa: PLC0415
 
@@ -140,7 +141,7 @@ def serve(args: argparse.Namespace) -> int:
         DrainingServer(config, node).run()  # binds the port before the node joins
     except (DataDirBusy, PortInUse) as exc:
         raise CliError(str(exc)) from None
-    except CancelBusError as exc:
+    except (CancelBusError, ServerError) as exc:
         raise CliError(f"cannot start: {exc}") from None
     return 0
 

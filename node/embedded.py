@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import re
 import shutil
 import signal
 import socket
@@ -20,6 +21,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+LOG_PREFIX = re.compile(r"^\d+:[A-Z] \d+ \w+ \d+ [\d:.]+ . ")  # a server log line's head
 
 
 class ServerError(RuntimeError):
@@ -127,14 +129,20 @@ class EmbeddedServer:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                err = self.process.stderr.read().decode() if self.process.stderr else ""
-                log = self.log_path.read_text() if self.log_path.exists() else ""
-                raise ServerError(f"{self.binary} exited at start: {err or log[-2000:]}")
+                raise ServerError(f"{self.binary} exited at start: {self._last_words()}")
             if self.ping():
                 return self
             time.sleep(0.02)
         self.kill()
         raise ServerError(f"{self.binary} did not answer on port {self.port} in {timeout}s")
+
+    def _last_words(self) -> str:
+        """Why the server exited, in one line: the last line it wrote, and where its log is."""
+        stderr = self.process.stderr.read() if self.process and self.process.stderr else b""
+        log = self.log_path.read_bytes() if self.log_path.exists() else b""
+        lines = (stderr or log).decode(errors="replace").strip().splitlines() or ["(no output)"]
+        last = LOG_PREFIX.sub("", lines[-1])  # "pid:M 03 Dec 2026 10:57:54.164 # " and the like
+        return f"{last} (its log: {self.log_path})"
 
     def ping(self) -> bool:
         try:

@@ -183,3 +183,19 @@ async def test_a_namespace_that_cannot_join_leaves_nothing_behind(
     async with CancelBus(redis_server.url, namespace=allowed) as observer:
         nodes = await observer.list_nodes()
     assert [n.node_id for n in nodes] == [observer.node_id]  # the one that joined has left
+
+
+def test_an_embedded_server_that_cannot_load_its_data_is_one_line(tmp_path: Path) -> None:
+    (tmp_path / "redis").mkdir()
+    (tmp_path / "redis" / "dump.rdb").write_bytes(os.urandom(300))  # a corrupt snapshot
+    process = _serve("", data_dir=str(tmp_path))
+    try:
+        stdout, stderr = process.communicate(timeout=60)
+    finally:
+        process.kill()
+        process.wait()
+    assert process.returncode == 1, (stdout, stderr)
+    assert "Traceback" not in stderr, stderr
+    last = stderr.strip().splitlines()[-1]
+    assert last.startswith("cancel-bus: cannot start: ") and "exited at start: " in last, stderr
+    assert f"(its log: {tmp_path / 'redis' / 'server.log'})" in last
