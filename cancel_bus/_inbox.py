@@ -113,7 +113,8 @@ class Inbox:
 
     @property
     def tasks(self) -> list[asyncio.Task[None]]:
-        return [self._task] if self._task is not None else []
+        """The subscription's loop and the sweeps it started (the bus awaits them at close)."""
+        return [*([self._task] if self._task is not None else []), *self._sweeps]
 
     async def unsubscribe(self) -> None:
         """End the subscription (and its loop); :meth:`subscribe` starts a new one."""

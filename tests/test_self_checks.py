@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 
-from cancel_bus import CancelBus, Outcome, RunCancelled, RunEnded, RunHandle
+from cancel_bus import CancelBus, CancelMode, Outcome, RunCancelled, RunEnded, RunHandle
 from cancel_bus._store import RunStore
 from node.embedded import EmbeddedServer
 
@@ -183,3 +183,27 @@ async def test_a_probe_whose_cancellation_was_swallowed_still_stops_with_the_bus
     assert len(probing) == 1
     await bus.close()
     assert probing[0].done()  # it rested no probe interval after its stop
+
+
+async def test_a_sweep_started_by_a_subscription_ends_with_the_bus(
+    make_bus: BusFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bus = await make_bus()
+    entered = asyncio.Event()
+
+    async def slow(self: RunStore, node_id: str) -> dict[str, CancelMode]:
+        entered.set()  # Redis slow to answer when the bus closes
+        try:
+            await asyncio.Event().wait()
+        finally:
+            await asyncio.sleep(0.2)  # the call takes a while to let go of its connection
+        return {}
+
+    monkeypatch.setattr(RunStore, "pending_cancels", slow)
+    await bus._node.inbox.unsubscribe()
+    await bus._node.inbox.subscribe(timeout=WAIT)  # subscribed again: it sweeps at once
+    await asyncio.wait_for(entered.wait(), WAIT)
+    sweeps = [task for task in asyncio.all_tasks() if "Inbox.sweep()" in repr(task)]
+    assert len(sweeps) == 1
+    await bus.close()
+    assert sweeps[0].done()  # awaited by the close, not left pending for the loop's end
