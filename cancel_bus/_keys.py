@@ -40,7 +40,7 @@ ACL_COMMANDS = (
     "get", "set", "del", "exists", "incr", "pexpire",
     "hget", "hmget", "hset", "hsetnx", "hgetall", "hdel", "hstrlen",
     "sadd", "srem", "spop", "scard", "smembers",
-    "zadd", "zrem", "zrange", "zrevrange", "zrangebyscore", "zremrangebyscore", "zscore",
+    "zadd", "zrem", "zcard", "zrange", "zrevrange", "zrangebyscore", "zremrangebyscore", "zscore",
     "rpush", "lrange", "ltrim", "xadd", "xrevrange", "xread",
     "publish", "spublish", "subscribe", "ssubscribe", "unsubscribe", "sunsubscribe",
     # Redis Cluster: the client's view of the slots, and the slot migration handshake

@@ -15,7 +15,7 @@ import redis.asyncio as aioredis
 
 from cancel_bus import RunExists
 from cancel_bus._batcher import MAX_CALLS, MAX_IN_FLIGHT, ScriptBatcher
-from cancel_bus._keys import KEY_TEMPLATES, KeySpace
+from cancel_bus._keys import ACL_COMMANDS, KEY_TEMPLATES, KeySpace
 from cancel_bus._scripts import (
     ALL_SCRIPTS,
     BATCH_HEAD,
@@ -593,3 +593,12 @@ async def test_a_tombstone_lift_sent_again_answers_as_the_first(
     assert not await store.remove_tombstone("t1", request_id="call-2")  # not live any more
     assert await store.tombstones() == []  # what the lift keeps is not a tombstone
     assert 0 < await raw_redis.pttl(store.keys.tombstone("t1")) <= 120_000
+
+
+def test_every_command_of_the_scripts_is_one_the_acl_rules_allow() -> None:
+    """A command missing from ACL_COMMANDS fails only for a user confined by acl_rules()."""
+    used: set[str] = set()
+    for text in (PRELUDE, *ALL_SCRIPTS.values()):
+        used |= {name.lower() for name in re.findall(r"redis\.p?call\(\s*'(\w+)'", text)}
+    assert "hset" in used and "zcard" in used  # the pattern reads the scripts
+    assert used <= set(ACL_COMMANDS), used - set(ACL_COMMANDS)

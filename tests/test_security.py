@@ -209,6 +209,12 @@ async def test_acl_user_of_one_namespace_runs_the_library_and_nothing_else(
             assert followed == ["output", "run.finished"]
             final = await b.wait(claimed.run_id, timeout=WAIT)
             assert final is not None and final.status is RunStatus.SUCCEEDED
+            child = await b.enqueue(parent=claimed.run_id)
+            assert [r.run_id for r in await a.children(claimed.run_id)] == [child.run_id]
+            held = await b.cancel_where(user_id="u", ttl=60)  # lays and lifts tombstones
+            assert held.tombstone is not None
+            assert [t.tombstone_id for t in await a.tombstones()] == [held.tombstone.tombstone_id]
+            assert await a.remove_tombstone(held.tombstone.tombstone_id)
 
             intruder = CancelBus(url2, namespace=ns1, lease_ttl=3)  # ns2's user, ns1's runs
             with pytest.raises(BusUnavailable, match="refused access"):
