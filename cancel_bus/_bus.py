@@ -1,7 +1,7 @@
 """CancelBus: one node's view of the cluster — the public calls, each checked and handed to a
 room (``_node`` builds and runs the rooms).
 
-A cross-node cancel crosses five rooms, each once, in one direction: ``cancel`` here ->
+A cross-node cancel's request crosses five rooms, each once, in one direction: ``cancel`` here ->
 ``_store`` (the ``request_cancel`` script records the request, then the owner is told on its
 own channel) -> on the owner, ``_inbox`` (verify the message) -> ``_local`` (find the run) ->
 ``_run`` (set its token); the run raises at its next checkpoint, its scope writes the finish
@@ -27,7 +27,6 @@ from ._messages import run_target, session_target
 from ._node import Node
 from ._redis import within
 from ._run import RunHandle, RunScope, RunSpec
-from ._store import StatusFilter
 from ._types import (
     BusStats,
     CancelMode,
@@ -36,6 +35,7 @@ from ._types import (
     RunEvent,
     RunInfo,
     SelectorResult,
+    StatusFilter,
     StopCause,
     Tombstone,
 )
@@ -74,6 +74,10 @@ class CancelBus:
         self.keys = KeySpace(namespace)
         if node_id is not None:
             validate_id(node_id, "node_id")
+        fence_after = check.settings(
+            lease_ttl, retention, sweep_interval, max_output_chars, self_fence_after
+        )
+        keys = check.signing_keys(signing_key, list(verification_keys))
         self.stats = BusStats()
         self._node = Node(
             url,
@@ -84,10 +88,8 @@ class CancelBus:
             lease_ttl=lease_ttl,
             retention=retention,
             sweep_interval=sweep_interval,
-            signing_keys=check.signing_keys(signing_key, list(verification_keys)),
-            self_fence_after=check.settings(
-                lease_ttl, retention, sweep_interval, max_output_chars, self_fence_after
-            ),
+            signing_keys=keys,
+            self_fence_after=fence_after,
             max_output_chars=max_output_chars,
             profile_checkpoints=profile_checkpoints,
             version=version,

@@ -10,8 +10,7 @@ from typing import Any, cast
 from ._errors import InvalidArgument
 from ._keys import validate_id
 from ._run import current_run
-from ._store import StatusFilter
-from ._types import CancelMode, RunStatus, StopCause
+from ._types import CancelMode, RunStatus, StatusFilter, StopCause
 
 MAX_TEXT = 1000
 MAX_LIST_LIMIT = 1000

@@ -11,7 +11,7 @@ import logging
 import secrets
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, cast
+from typing import Any, cast
 
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
@@ -29,13 +29,13 @@ from ._types import (
     RunEvent,
     RunInfo,
     RunStatus,
+    StatusFilter,
     StopCause,
     Tombstone,
 )
 
 log = logging.getLogger("cancel_bus")
 
-StatusFilter = RunStatus | Literal["active", "all"]
 _Entries = list[tuple[str, dict[str, str]]]
 _LIST_PAGE = 500
 

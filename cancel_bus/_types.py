@@ -32,6 +32,7 @@ class RunStatus(StrEnum):
 
 
 ACTIVE_STATUSES = frozenset({RunStatus.QUEUED, RunStatus.RUNNING, RunStatus.WAITING})
+StatusFilter = RunStatus | Literal["active", "all"]  # which runs a listing shows
 
 
 class CancelMode(StrEnum):

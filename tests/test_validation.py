@@ -85,6 +85,11 @@ def test_bad_bus_options_are_rejected(options: dict[str, object]) -> None:
         CancelBus("redis://127.0.0.1:1/0", **options)  # type: ignore[arg-type]
 
 
+def test_the_settings_are_checked_before_the_keys() -> None:
+    with pytest.raises(InvalidArgument, match="lease_ttl must be at least"):
+        CancelBus("redis://127.0.0.1:1/0", lease_ttl=0.1, signing_key="")
+
+
 async def test_bad_arguments_on_a_live_bus_leave_redis_untouched(
     make_bus: BusFactory, raw_redis: object
 ) -> None:
