@@ -30,6 +30,7 @@ from redis.exceptions import (
     ClusterError,
     NoPermissionError,
     ReadOnlyError,
+    RedisClusterException,
     RedisError,
     ResponseError,
     SlotNotCoveredError,
@@ -53,6 +54,14 @@ RETRYABLE: tuple[type[Exception], ...] = (
 )
 _REDIS_RETRY = tuple(e for e in RETRYABLE if issubclass(e, RedisError))
 _SENTINEL_OPTIONS = ("sentinel_username", "sentinel_password")
+# URL options redis-py's connections take as text (the typed ones are URL_QUERY_ARGUMENT_PARSERS)
+_TEXT_OPTIONS = frozenset(
+    {
+        "ssl_cert_reqs", "ssl_ca_certs", "ssl_ca_path", "ssl_ca_data",
+        "ssl_certfile", "ssl_keyfile", "ssl_password", "ssl_ciphers", *_SENTINEL_OPTIONS,
+    }
+)  # fmt: skip
+_CERT_REQS = ("none", "optional", "required")
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,9 +97,38 @@ def connect(
     max_connections: int = 64,
 ) -> Topology:
     """Clients with an explicit retry policy (jittered exponential backoff, bounded attempts),
-    health checks and keepalive, answering ``str``."""
+    health checks and keepalive, answering ``str``. A URL that cannot work is an
+    :class:`InvalidArgument` whose message holds no password."""
+    try:
+        return _connect(url, client_name, retries, socket_timeout, max_connections)
+    except (ValueError, TypeError) as exc:
+        if isinstance(exc, InvalidArgument):
+            raise
+        where, userinfo = _redacted(url)
+        reason = (
+            "check the host, port and database; percent-encode # / ? @ : in the user name and "
+            "password"
+            if userinfo
+            else str(exc)
+        )  # redis-py's words may quote the password: not shown when the URL has one
+        raise InvalidArgument(f"invalid Redis URL {where}: {reason}") from None
+
+
+def _redacted(url: str) -> tuple[str, bool]:
+    """The URL with its user name and password as ``***``; whether it had any."""
+    scheme, separator, rest = url.partition("://")
+    _, at, host = rest.rpartition("@")
+    return (f"{scheme}{separator}***@{host}", True) if at else (url, False)
+
+
+def _connect(
+    url: str, client_name: str, retries: int, socket_timeout: float, max_connections: int
+) -> Topology:
     parts = urlsplit(url)
     scheme = parts.scheme.lower()
+    query = _query_options(parts.query)  # checked for every scheme: redis-py takes any name
+    if not scheme.endswith("+sentinel") and query.keys() & set(_SENTINEL_OPTIONS):
+        raise InvalidArgument("sentinel_username and sentinel_password need a redis+sentinel URL")
     options: dict[str, Any] = {
         "decode_responses": True,
         "client_name": client_name,
@@ -103,6 +141,8 @@ def connect(
         "max_connections": max_connections,
     }
     if scheme in ("redis", "rediss", "unix"):
+        if scheme == "unix":
+            options.pop("socket_keepalive")  # a TCP option: a Unix socket's connection refuses it
         # a busy node waits for a free connection instead of failing with "too many connections"
         pool = BlockingConnectionPool.from_url(url, timeout=socket_timeout, **options)
         return Topology(Redis.from_pool(pool), cluster=False)
@@ -110,7 +150,7 @@ def connect(
     if base not in ("redis", "rediss") or kind not in ("sentinel", "cluster"):
         raise InvalidArgument(f"unsupported Redis URL scheme {parts.scheme!r}")
     hosts = _hosts(parts.netloc.rpartition("@")[2])
-    options.update(_query_options(parts.query))
+    options.update(query)
     options["ssl"] = base == "rediss"
     if parts.username:
         options["username"] = unquote(parts.username)
@@ -134,9 +174,15 @@ def connect(
 
 
 def _query_options(query: str) -> dict[str, Any]:
-    """URL query parameters as redis-py options, typed the way redis-py types them."""
+    """URL query parameters as redis-py options, typed the way redis-py types them; a name
+    redis-py does not take is refused here (redis-py would fail at the first connection)."""
     options: dict[str, Any] = {}
     for name, value in parse_qsl(query):
+        if name not in URL_QUERY_ARGUMENT_PARSERS and name not in _TEXT_OPTIONS:
+            known = ", ".join(sorted({*URL_QUERY_ARGUMENT_PARSERS, *_TEXT_OPTIONS}))
+            raise InvalidArgument(f"unknown Redis URL option {name!r} (known: {known})")
+        if name == "ssl_cert_reqs" and value not in _CERT_REQS:
+            raise InvalidArgument(f"the URL option ssl_cert_reqs is one of {', '.join(_CERT_REQS)}")
         parser = URL_QUERY_ARGUMENT_PARSERS.get(name)
         try:
             options[name] = parser(value) if parser else value
@@ -166,7 +212,7 @@ def translated(action: str) -> Iterator[None]:
         raise BusUnavailable(f"{action}: Redis refused access ({exc})") from exc
     except ResponseError as exc:
         raise CancelBusError(f"{action}: Redis error: {exc}") from exc
-    except (ClusterError, RedisError) as exc:
+    except (ClusterError, RedisClusterException, RedisError) as exc:
         raise BusUnavailable(f"{action}: {type(exc).__name__}: {exc}") from exc
     except OSError as exc:
         raise BusUnavailable(f"{action}: {exc}") from exc

@@ -135,8 +135,31 @@ async def test_bad_arguments_on_a_live_bus_leave_redis_untouched(
         "redis+cluster://h",
         "redis+sentinel://:1/m/0",
         "redis+cluster://h:x",
+        "redis+sentinel://h:1/m/x",  # the database
+        "redis://h:notaport/0",
+        "redis://h:99999/0",
+        "redis://h:1/0?bogus_option=1",  # redis-py would fail at the first connection
+        "redis://h:1/0?socket_timeout=abc",
+        "redis://h:1/0?ssl_cert_reqs=maybe",
+        "redis://h:1/0?sentinel_password=x",
     ],
 )
 def test_bad_redis_urls_are_rejected_clearly(url: str) -> None:
-    with pytest.raises(InvalidArgument):
+    with pytest.raises(InvalidArgument, match=r"Redis URL|URL option|sentinel|a host:port"):
         CancelBus(url, namespace="n")
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "redis://u:Secr3t#x@h:1/0",  # a reserved character left in the password
+        "redis://u:Secr3t/x@h:1/0",
+        "redis://u:Secr3t@h:notaport/0",
+    ],
+)
+def test_a_bad_redis_url_never_shows_its_password(url: str) -> None:
+    with pytest.raises(InvalidArgument) as caught:
+        CancelBus(url, namespace="n")
+    message = str(caught.value)
+    assert "Secr3t" not in message and "***@h:" in message, message
+    assert caught.value.__cause__ is None and caught.value.__suppress_context__
