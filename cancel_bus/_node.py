@@ -26,6 +26,7 @@ from ._waiters import Waiters
 log = logging.getLogger("cancel_bus")
 
 SHUTDOWN_SECONDS = 3.0
+LEAVE_SECONDS = 5.0  # to withdraw the registration of a start that failed
 
 
 class Node:
@@ -129,15 +130,21 @@ class Node:
         return self.lease.clock()
 
     async def start(self) -> None:
-        """Register the lease, subscribe to the node's channel, then start the loops."""
+        """Register the lease, subscribe to the node's channel, then start the loops. A start that
+        fails leaves no node behind: a registration it made is withdrawn."""
         if self.lifecycle.phase != "new":
             raise BusClosed(f"the bus cannot start: it is {self.lifecycle.phase}")
         self.lifecycle.phase = "starting"
+        registered = False
         try:
             await self.lease.register(self.lease.node_id)
+            registered = True
             await self.inbox.subscribe(timeout=max(5.0, self.lease.lease_ttl))
         except BaseException:
             await self.shutdown_tasks()
+            if registered:
+                with contextlib.suppress(CancelBusError, TimeoutError):
+                    await asyncio.wait_for(self.lease.leave(), LEAVE_SECONDS)
             self.lifecycle.phase = "new"
             raise
         self.lifecycle.phase = "running"

@@ -57,6 +57,7 @@ class DrainingServer(uvicorn.Server):
         self._signals = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._drain: asyncio.Task[None] | None = None
+        self._joining: asyncio.Future[None] | None = None
 
     def run(self, sockets: list[socket.socket] | None = None) -> None:
         """Bind first (:class:`PortInUse` before anything joins the cluster), then serve."""
@@ -70,8 +71,16 @@ class DrainingServer(uvicorn.Server):
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         """The node joins its cluster before the app's lifespan runs, so a Redis that is not
-        there is a :class:`CancelBusError` for the command to report, not a traceback."""
-        await self.node.start()
+        there is a :class:`CancelBusError` for the command to report, not a traceback. A signal
+        while it joins (Redis slow or refusing) stops the join at once: exit code 0."""
+        self._joining = asyncio.ensure_future(self.node.start())
+        try:
+            await self._joining
+        except asyncio.CancelledError:
+            if not self.should_exit:
+                raise
+            log.warning("stopped while joining the cluster")  # the node left what it had joined
+            return
         try:
             await super().startup(sockets=sockets)
         except BaseException:  # uvicorn could not serve: the node leaves again
@@ -87,6 +96,8 @@ class DrainingServer(uvicorn.Server):
         self._signals += 1
         if not self.started:  # still starting: uvicorn stops (and drains) once started
             self.should_exit = True
+            if self._joining is not None:
+                self._joining.cancel()  # the node's join may wait a whole lease for Redis
         elif self._signals == 1:
             log.warning("%s: stopping", sig.name)
             self._drain = asyncio.create_task(self._drain_then_exit())

@@ -4,6 +4,7 @@ when tokens are set; and a node that cannot join says so in one line and leaves 
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -199,3 +200,29 @@ def test_an_embedded_server_that_cannot_load_its_data_is_one_line(tmp_path: Path
     last = stderr.strip().splitlines()[-1]
     assert last.startswith("cancel-bus: cannot start: ") and "exited at start: " in last, stderr
     assert f"(its log: {tmp_path / 'redis' / 'server.log'})" in last
+
+
+async def test_a_stop_while_the_node_joins_ends_the_join_at_once(
+    redis_server: EmbeddedServer, raw_redis: aioredis.Redis
+) -> None:
+    namespace = f"deaf-{uuid.uuid4().hex[:8]}"
+    user, password = f"u-{namespace}", "pw-" + uuid.uuid4().hex
+    rules = [rule for rule in KeySpace(namespace).acl_rules().split() if rule[0] != "&"]
+    await raw_redis.execute_command("ACL", "SETUSER", user, "on", f">{password}", *rules)
+    url = f"redis://{user}:{password}@127.0.0.1:{redis_server.port}/0"
+    process = _serve(url, namespace=namespace, lease_ttl="60")  # it waits a lease to subscribe
+    try:
+        async with asyncio.timeout(READY_TIMEOUT):
+            while not await raw_redis.zcard(KeySpace(namespace).nodes):  # registered: waiting
+                await asyncio.sleep(0.05)
+        started = time.monotonic()
+        process.terminate()
+        _, stderr = await asyncio.to_thread(process.communicate, timeout=30)
+        assert time.monotonic() - started < 15  # not the 60 s lease
+    finally:
+        process.kill()
+        process.wait()
+        await raw_redis.execute_command("ACL", "DELUSER", user)
+    assert process.returncode == 0, stderr
+    assert "Traceback" not in stderr and "stopped while joining the cluster" in stderr, stderr
+    assert not await raw_redis.zcard(KeySpace(namespace).nodes)  # it withdrew its registration

@@ -328,3 +328,23 @@ async def _rejected(bus: CancelBus, count: int) -> bool:
 async def _active(bus: CancelBus, run_id: str) -> bool:
     run = await bus.get_run(run_id)
     return run is not None and run.is_active
+
+
+async def test_a_user_who_may_not_subscribe_cannot_start_and_leaves_no_node(
+    raw_redis: aioredis.Redis, redis_server: EmbeddedServer
+) -> None:
+    namespace = f"deaf-{secrets.token_hex(4)}"
+    user, password = f"u-{namespace}", secrets.token_hex(16)
+    rules = [rule for rule in KeySpace(namespace).acl_rules().split() if rule[0] != "&"]
+    await raw_redis.execute_command("ACL", "SETUSER", user, "on", f">{password}", *rules)
+    try:
+        url = f"redis://{user}:{password}@127.0.0.1:{redis_server.port}/0"
+        bus = CancelBus(url, namespace=namespace, lease_ttl=1)
+        with pytest.raises(BusUnavailable, match="could not subscribe"):
+            await bus.start()  # registered, then its channel was refused
+        await bus.close()
+        async with CancelBus(redis_server.url, namespace=namespace) as observer:
+            nodes = await observer.list_nodes()
+        assert [node.node_id for node in nodes] == [observer.node_id]  # no ghost left alive
+    finally:
+        await raw_redis.execute_command("ACL", "DELUSER", user)
