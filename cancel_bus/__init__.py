@@ -1,6 +1,7 @@
 """cancel-bus: cross-node cancellation of long-running work over Redis."""
 
 from ._bus import CancelBus
+from ._checks import MAX_RETENTION
 from ._errors import (
     BusClosed,
     BusUnavailable,
@@ -47,6 +48,7 @@ __all__ = [
     "InvalidArgument",
     "InvalidId",
     "MAX_ID_LENGTH",
+    "MAX_RETENTION",
     "NodeIdInUse",
     "NodeInfo",
     "Outcome",

@@ -16,6 +16,7 @@ MAX_TEXT = 1000
 MAX_LIST_LIMIT = 1000
 MAX_METADATA_BYTES = 16384
 MAX_TIMEOUT = 3600.0
+MAX_RETENTION = 10 * 365 * 86400.0  # seconds a finished run is kept, at most (ten years)
 
 
 def require(condition: bool, message: str) -> None:
@@ -124,8 +125,8 @@ def settings(
     self_fence_after: float | None,
 ) -> float:
     """A bus's settings, checked; -> the self-fence deadline (default ``max(60, 3 leases)``)."""
-    require(lease_ttl >= 0.3, "lease_ttl must be at least 0.3 seconds")
-    require(retention >= 1, "retention must be at least 1 second")
+    require(0.3 <= lease_ttl <= MAX_TIMEOUT, "lease_ttl must be 0.3 to 3600 seconds")
+    require(1 <= retention <= MAX_RETENTION, "retention must be 1 second to 10 years")
     require(sweep_interval > 0, "sweep_interval must be positive")
     require(max_output_chars >= 0, "max_output_chars must not be negative")
     if self_fence_after is None:

@@ -52,6 +52,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     """Raises ValueError for a configuration that must not run (auth off on an exposed host)."""
     settings = settings or Settings()
     settings.check_exposure()
+    for name in settings.check_environment():
+        log.warning("%s is not a setting: ignored", name)
     settings.accepted_keys()  # a bad list fails here, in one line
     tokens = TokenTable(settings.tokens())
     node = NodeService(settings)

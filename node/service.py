@@ -29,11 +29,11 @@ from cancel_bus import (
 )
 
 from .agent import record_cancellation, run_agent
-from .embedded import EmbeddedServer, valkey_binary
+from .embedded import EmbeddedServer, ServerError, valkey_binary
 from .metrics import Metrics
 from .queries import FINISHED, WINDOW, RunQuery, recency
 from .schemas import CancelBody, NodeView, SelectorCancel, StartRun
-from .settings import Settings
+from .settings import ENV_PREFIX, Settings
 
 log = logging.getLogger("cancel_bus.node")
 
@@ -377,8 +377,14 @@ class NodeService:
         if self._embedded_lock is not None:
             return
         data_dir = self._data_dir()
-        data_dir.mkdir(parents=True, exist_ok=True)
-        lock = (data_dir / "lock").open("a+")
+        try:
+            data_dir.mkdir(parents=True, exist_ok=True)
+            lock = (data_dir / "lock").open("a+")
+        except OSError as exc:
+            raise ServerError(
+                f"the embedded server's data dir {data_dir} cannot be used: {exc.strerror or exc} "
+                f"(set {ENV_PREFIX}DATA_DIR to a writable directory, or {ENV_PREFIX}REDIS_URL)"
+            ) from None
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import difflib
 import ipaddress
 import json
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Literal
 from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit, urlunsplit
@@ -15,14 +17,16 @@ from pydantic import (
     SecretStr,
     StringConstraints,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from cancel_bus import ID_PATTERN
+from cancel_bus import ID_PATTERN, MAX_RETENTION
 
 ENV_PREFIX = "CANCEL_BUS_"
+CLIENT_VARIABLES = frozenset({f"{ENV_PREFIX}URL", f"{ENV_PREFIX}TOKEN"})  # the CLI's, not a node's
 Id = Annotated[str, StringConstraints(pattern=ID_PATTERN, max_length=200)]
 
 
@@ -56,9 +60,9 @@ class Settings(BaseSettings):
         description='JSON {"<app_name>": "<namespace>"}: apps served in their own namespace',
     )
     node_id: str | None = Field(default=None, pattern=ID_PATTERN, max_length=200)
-    lease_ttl: float = Field(default=10.0, ge=0.3, le=3600)
-    retention: float = Field(default=86400.0, ge=1)
-    drain_timeout: float = Field(default=20.0, ge=0, le=3600)
+    lease_ttl: float = Field(default=10.0, ge=0.3, le=3600, allow_inf_nan=False)
+    retention: float = Field(default=86400.0, ge=1, le=MAX_RETENTION, allow_inf_nan=False)
+    drain_timeout: float = Field(default=20.0, ge=0, le=3600, allow_inf_nan=False)
     host: str = "127.0.0.1"
     port: int = Field(default=8080, ge=0, le=65535)
     api_tokens: SecretStr | None = Field(
@@ -80,6 +84,7 @@ class Settings(BaseSettings):
         default=None,
         ge=0.3,
         le=86400,
+        allow_inf_nan=False,
         description="seconds without Redis after which the node stops its runs",
     )
     profile_checkpoints: bool = Field(
@@ -92,11 +97,43 @@ class Settings(BaseSettings):
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     access_log: bool = Field(default=True, description="log every HTTP request (uvicorn's)")
 
-    @model_validator(mode="after")
-    def _self_fence_outlasts_the_lease(self) -> Settings:
-        if self.self_fence_after is not None and self.self_fence_after < self.lease_ttl:
+    @field_validator("self_fence_after")
+    @classmethod
+    def _self_fence_outlasts_the_lease(
+        cls, value: float | None, info: ValidationInfo
+    ) -> float | None:
+        lease_ttl = info.data.get("lease_ttl")
+        if value is not None and lease_ttl is not None and value < lease_ttl:
             raise ValueError("self_fence_after must be at least lease_ttl")
-        return self
+        return value
+
+    @field_validator("data_dir")
+    @classmethod
+    def _absolute(cls, value: Path | None) -> Path | None:
+        """A relative data dir is the current directory's (the server changes its own)."""
+        return None if value is None else value.expanduser().absolute()
+
+    def check_environment(self, environ: Mapping[str, str] | None = None) -> list[str]:
+        """Refuse (ValueError) a ``CANCEL_BUS_*`` variable that looks like a misspelt setting —
+        the node would start without it, e.g. an embedded server in place of the cluster's
+        Redis — and Redis credentials without a Redis URL; -> the other unknown names."""
+        names = {name.upper() for name in (os.environ if environ is None else environ)}
+        known = {ENV_PREFIX + field.upper() for field in type(self).model_fields}
+        unknown = sorted(n for n in names if n.startswith(ENV_PREFIX) and n not in known)
+        for name in unknown:
+            close = difflib.get_close_matches(name, known, n=1, cutoff=0.85)
+            if close and name not in CLIENT_VARIABLES:
+                raise ValueError(f"unknown setting {name}: did you mean {close[0]}?")
+        credentials = (
+            "redis_username", "redis_password", "redis_sentinel_username", "redis_sentinel_password"
+        )  # fmt: skip
+        given = [field for field in credentials if getattr(self, field)]
+        if self.redis_url is None and given:
+            raise ValueError(
+                f"{ENV_PREFIX}{given[0].upper()} is set but {ENV_PREFIX}REDIS_URL is not (without "
+                "a URL the node starts an embedded server of its own)"
+            )
+        return [name for name in unknown if name not in CLIENT_VARIABLES]
 
     @field_validator(
         "redis_url",
@@ -107,6 +144,7 @@ class Settings(BaseSettings):
         "signing_key",
         "verification_keys",
         "self_fence_after",
+        "data_dir",
         mode="before",
     )
     @classmethod

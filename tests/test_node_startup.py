@@ -226,3 +226,41 @@ async def test_a_stop_while_the_node_joins_ends_the_join_at_once(
     assert process.returncode == 0, stderr
     assert "Traceback" not in stderr and "stopped while joining the cluster" in stderr, stderr
     assert not await raw_redis.zcard(KeySpace(namespace).nodes)  # it withdrew its registration
+
+
+@pytest.mark.parametrize(
+    ("env", "said"),
+    [
+        (
+            {"redis_ulr": "redis://elsewhere:6379/0"},  # it would start an embedded server
+            "bad configuration: unknown setting CANCEL_BUS_REDIS_ULR: did you mean "
+            "CANCEL_BUS_REDIS_URL?",
+        ),
+        (
+            {"lease_ttl": "5", "self_fence_after": "2"},
+            "bad configuration: CANCEL_BUS_SELF_FENCE_AFTER: Value error, self_fence_after "
+            "must be at least lease_ttl",
+        ),
+        ({"retention": "inf"}, "bad configuration: CANCEL_BUS_RETENTION: Input should be a finite"),
+    ],
+)
+def test_a_setting_that_cannot_work_is_one_line(
+    redis_server: EmbeddedServer, env: dict[str, str], said: str
+) -> None:
+    process = _serve(redis_server.url, **env)
+    stdout, stderr = process.communicate(timeout=30)
+    assert process.returncode == 1, (stdout, stderr)
+    assert stderr.count("\n") == 1 and stderr.startswith(f"cancel-bus: {said}"), stderr
+
+
+def test_a_data_dir_that_is_a_file_is_one_line(tmp_path: Path) -> None:
+    (tmp_path / "state").write_text("not a directory")
+    process = _serve("", data_dir=str(tmp_path / "state"))
+    stdout, stderr = process.communicate(timeout=30)
+    assert process.returncode == 1, (stdout, stderr)
+    assert "Traceback" not in stderr, stderr
+    assert stderr.strip().endswith(
+        f"cancel-bus: cannot start: the embedded server's data dir {tmp_path}/state/redis cannot "
+        "be used: Not a directory (set CANCEL_BUS_DATA_DIR to a writable directory, or "
+        "CANCEL_BUS_REDIS_URL)"
+    ), stderr

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
+from pydantic import ValidationError
 
 from node.settings import Settings
 
@@ -63,3 +66,57 @@ def test_verification_keys_and_the_self_fence_deadline(monkeypatch: pytest.Monke
         Settings()
     monkeypatch.setenv("CANCEL_BUS_SELF_FENCE_AFTER", "30")
     assert Settings().self_fence_after == 30
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("RETENTION", "inf"),
+        ("RETENTION", "1e20"),  # Redis could not expire it: the run's final write would fail
+        ("LEASE_TTL", "nan"),
+        ("DRAIN_TIMEOUT", "nan"),
+        ("SELF_FENCE_AFTER", "inf"),
+    ],
+)
+def test_numbers_are_finite_and_bounded(
+    monkeypatch: pytest.MonkeyPatch, name: str, value: str
+) -> None:
+    monkeypatch.setenv(f"CANCEL_BUS_{name}", value)
+    with pytest.raises(ValidationError) as caught:
+        Settings()
+    assert [error["loc"] for error in caught.value.errors()] == [(name.lower(),)]
+
+
+def test_the_self_fence_error_names_its_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CANCEL_BUS_LEASE_TTL", "5")
+    monkeypatch.setenv("CANCEL_BUS_SELF_FENCE_AFTER", "2")
+    with pytest.raises(ValidationError) as caught:
+        Settings()
+    assert [error["loc"] for error in caught.value.errors()] == [("self_fence_after",)]
+
+
+def test_a_relative_data_dir_is_the_current_directorys(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("CANCEL_BUS_DATA_DIR", "state")
+    assert Settings().state_dir() == tmp_path / "state"
+    monkeypatch.setenv("CANCEL_BUS_DATA_DIR", "")
+    assert Settings().data_dir is None  # empty: the default place, not the current directory
+
+
+def test_a_misspelt_setting_is_refused_and_other_names_are_reported() -> None:
+    settings = Settings()
+    with pytest.raises(ValueError, match="CANCEL_BUS_REDIS_ULR: did you mean CANCEL_BUS_REDIS_URL"):
+        settings.check_environment({"CANCEL_BUS_REDIS_ULR": "redis://h:1/0"})
+    with pytest.raises(ValueError, match="did you mean CANCEL_BUS_LEASE_TTL"):
+        settings.check_environment({"cancel_bus_lease_tl": "5"})  # names are case-insensitive
+    others = {"CANCEL_BUS_URL": "", "CANCEL_BUS_TOKEN": "", "CANCEL_BUS_MODEL_CASES": "9"}
+    assert settings.check_environment({**others, "PATH": "/bin"}) == ["CANCEL_BUS_MODEL_CASES"]
+
+
+def test_redis_credentials_without_a_url_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("CANCEL_BUS_REDIS_URL", raising=False)
+    monkeypatch.setenv("CANCEL_BUS_REDIS_PASSWORD", "secret")
+    with pytest.raises(ValueError, match="REDIS_PASSWORD is set but CANCEL_BUS_REDIS_URL is not"):
+        Settings().check_environment({})

@@ -74,7 +74,10 @@ def test_keys_share_one_hash_tag() -> None:
     "options",
     [
         {"lease_ttl": 0},
+        {"lease_ttl": float("nan")},
         {"retention": 0},
+        {"retention": float("inf")},
+        {"retention": 1e20},  # Redis could not expire it
         {"sweep_interval": 0},
         {"node_id": "a b"},
         {"max_output_chars": -1},
@@ -86,7 +89,7 @@ def test_bad_bus_options_are_rejected(options: dict[str, object]) -> None:
 
 
 def test_the_settings_are_checked_before_the_keys() -> None:
-    with pytest.raises(InvalidArgument, match="lease_ttl must be at least"):
+    with pytest.raises(InvalidArgument, match="lease_ttl must be 0.3 to 3600 seconds"):
         CancelBus("redis://127.0.0.1:1/0", lease_ttl=0.1, signing_key="")
 
 
