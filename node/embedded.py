@@ -144,6 +144,10 @@ class EmbeddedServer:
         last = LOG_PREFIX.sub("", lines[-1])  # "pid:M 03 Dec 2026 10:57:54.164 # " and the like
         return f"{last} (its log: {self.log_path})"
 
+    def exit_code(self) -> int | None:
+        """The server process's exit code; None while it runs (or was never started)."""
+        return None if self.process is None else self.process.poll()
+
     def ping(self) -> bool:
         try:
             with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as sock:

@@ -16,10 +16,18 @@ router = APIRouter(tags=["ops"])
 PROMETHEUS_TEXT = "text/plain; version=0.0.4"
 
 
-@router.get("/healthz", response_model=Health)
-async def healthz() -> dict[str, str]:
-    """The process is alive (no Redis check: a Redis blip must not restart every pod)."""
-    return {"status": "ok"}
+@router.get(
+    "/healthz",
+    response_model=Health,
+    responses={503: {"model": Health, "description": "the node's embedded server is down"}},
+)
+async def healthz(node: Node) -> JSONResponse:
+    """The process is alive (no Redis check: a Redis blip must not restart every pod), and its
+    embedded server, if it runs one, too (it is started again when it exits)."""
+    problem = node.embedded_problem
+    body = Health(status="ok" if problem is None else "failing", problem=problem)
+    status = 200 if problem is None else 503
+    return JSONResponse(status_code=status, content=body.model_dump(exclude_none=True))
 
 
 @router.get(

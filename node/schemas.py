@@ -296,7 +296,8 @@ class ValidationProblem(Problem):
 
 
 class Health(BaseModel):
-    status: Literal["ok"]
+    status: Literal["ok", "failing"]
+    problem: str | None = None
 
 
 class Readiness(BaseModel):

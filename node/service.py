@@ -11,8 +11,9 @@ import json
 import logging
 import os
 import time
+from collections.abc import Coroutine
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from cancel_bus import (
     CancelBus,
@@ -37,6 +38,8 @@ from .settings import ENV_PREFIX, Settings
 
 log = logging.getLogger("cancel_bus.node")
 
+EMBEDDED_CHECK_SECONDS = 1.0  # how often the node looks whether its embedded server still runs
+
 
 class DataDirBusy(RuntimeError):
     """Another node runs the embedded server of this data dir."""
@@ -50,6 +53,7 @@ class NodeService:
         self.settings = settings
         self.metrics = Metrics()
         self.embedded: EmbeddedServer | None = None
+        self.embedded_problem: str | None = None  # why the embedded server is not serving
         self._embedded_lock: IO[str] | None = None
         self._buses: dict[str, CancelBus] = {}
         self._tasks: set[asyncio.Task[None]] = set()
@@ -85,6 +89,34 @@ class NodeService:
             await asyncio.gather(*(bus.close() for bus in buses), return_exceptions=True)
             self._stop_embedded()
             raise
+        if self.embedded is not None:
+            self._keep(self._watch_embedded(self.embedded))
+
+    async def _watch_embedded(self, server: EmbeddedServer) -> None:
+        """The embedded server is this node's child: if it exits, it is started again (with the
+        data of its last snapshot; the buses re-register and re-assert their runs), and until it
+        is back :attr:`embedded_problem` says why (``/healthz`` fails)."""
+        while True:
+            await asyncio.sleep(EMBEDDED_CHECK_SECONDS)
+            code = server.exit_code()
+            if code is None:
+                continue
+            self.embedded_problem = f"the embedded server exited (code {code})"
+            log.error("%s; its log: %s. Starting it again", self.embedded_problem, server.log_path)
+            try:
+                await asyncio.to_thread(server.start)
+            except ServerError as exc:
+                self.embedded_problem = f"the embedded server did not start again: {exc}"
+                log.error("%s", self.embedded_problem)
+                continue
+            self.embedded_problem = None
+            log.warning("the embedded server is back at %s", server.url)
+
+    def _keep(self, job: Coroutine[Any, Any, None]) -> None:
+        """Run ``job`` until the node stops."""
+        task = asyncio.create_task(job)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def _join(self) -> None:
         s = self.settings
@@ -328,9 +360,7 @@ class NodeService:
                     wait=False,
                 )
 
-        task = asyncio.create_task(cancel())
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._keep(cancel())
 
     async def _execute(self, body: StartRun, registered: asyncio.Future[RunHandle]) -> None:
         bus = self.bus_for_app(body.app_name)

@@ -34,7 +34,7 @@ ANSWERS = {
     ("delete", "/v1/tombstones/{tombstone_id}"): {200, 401, 404, 422, 503},
     ("get", "/v1/dashboard/feed"): {200, 401, 422},
     ("get", "/metrics"): {200, 401, 403},
-    ("get", "/healthz"): {200},
+    ("get", "/healthz"): {200, 503},
     ("get", "/readyz"): {200, 503},
 }
 
@@ -84,3 +84,16 @@ def test_the_api_docs_load_only_the_node_own_assets(client: TestClient, page: st
         if asset.endswith((".js", ".css")):
             assert len(response.content) > 100_000, asset  # the real bundle, not a stub
     assert "cdn" not in html and "https://" not in html
+
+
+def test_healthz_fails_while_the_embedded_server_is_down(client: TestClient) -> None:
+    node = client.app.state.node  # type: ignore[attr-defined]
+    problem = "the embedded server did not start again: ..."
+    node.embedded_problem = problem
+    try:
+        answer = client.get("/healthz")
+    finally:
+        node.embedded_problem = None
+    assert answer.status_code == 503
+    assert answer.json() == {"status": "failing", "problem": problem}
+    assert client.get("/healthz").json() == {"status": "ok"}

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+import redis
 import redis.asyncio as aioredis
 
 from cancel_bus import BusUnavailable, CancelBus
@@ -264,3 +265,34 @@ def test_a_data_dir_that_is_a_file_is_one_line(tmp_path: Path) -> None:
         "be used: Not a directory (set CANCEL_BUS_DATA_DIR to a writable directory, or "
         "CANCEL_BUS_REDIS_URL)"
     ), stderr
+
+
+def test_an_embedded_server_that_dies_is_started_again(tmp_path: Path) -> None:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    process = _serve("", port=port, data_dir=str(tmp_path))
+    body = {"app_name": "a", "user_id": "u", "session_id": "s", "agent": {"tokens": 1}}
+    try:
+        _wait_ready(url, process)
+        redis_url = json.loads((tmp_path / "redis" / "lock").read_text())["redis_url"]
+        with redis.Redis.from_url(redis_url) as server:
+            first = server.info("server")["run_id"]
+            with contextlib.suppress(redis.RedisError):
+                server.shutdown(nosave=True)  # the server process exits
+        deadline = time.monotonic() + READY_TIMEOUT
+        started = None
+        while started is None or started == first:  # a new server on the same port
+            assert time.monotonic() < deadline and process.poll() is None
+            with contextlib.suppress(redis.RedisError), redis.Redis.from_url(redis_url) as server:
+                started = server.info("server")["run_id"]
+            time.sleep(0.05)
+        while (answer := httpx.post(f"{url}/v1/runs", json=body, timeout=10)).status_code == 503:
+            assert time.monotonic() < deadline  # 503 until the node has registered again
+            time.sleep(0.05)
+        assert answer.status_code == 201, answer.text
+        assert httpx.get(f"{url}/healthz", timeout=5).json() == {"status": "ok"}
+    finally:
+        process.terminate()
+        _, stderr = process.communicate(timeout=30)
+    assert "the embedded server exited (code 0)" in stderr, stderr
+    assert "the embedded server is back at" in stderr and "Traceback" not in stderr, stderr
