@@ -171,12 +171,21 @@ class Node:
         await self.local.drain(cancel_timeout)
         with contextlib.suppress(BusUnavailable, TimeoutError):
             await asyncio.wait_for(self.outbox.flush(), cancel_timeout)
+        left = False
         with contextlib.suppress(CancelBusError, TimeoutError):
             await asyncio.wait_for(self.lease.leave(), cancel_timeout)
+            left = True
         self.lifecycle.phase = "closed"
         await self.shutdown_tasks()
         await self._close_clients()
-        log.info("cancel-bus: node %s left", self.lease.node_id)
+        if left:
+            log.info("cancel-bus: node %s left", self.lease.node_id)
+        else:
+            log.warning(
+                "cancel-bus: node %s stopped without releasing its lease (Redis did not answer): "
+                "its lease expires, and a live node resolves its runs",
+                self.lease.node_id,
+            )
 
     async def shutdown_tasks(self) -> None:
         """Stop the background tasks, within a bound: redis-py can swallow a cancellation in a

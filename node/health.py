@@ -6,6 +6,7 @@ import asyncio
 
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
+from redis.exceptions import AuthenticationError, NoPermissionError
 
 from .api import Node, errors
 from .auth import Credentials, authenticate
@@ -47,6 +48,8 @@ async def readyz(node: Node) -> JSONResponse:
     try:
         async with asyncio.timeout(1.0):
             await node.bus.redis.ping()
+    except (AuthenticationError, NoPermissionError):
+        problems.append("redis refused access (its user or password)")
     except Exception:
         problems.append("redis unreachable")
     body = Readiness(ready=not problems, node_id=node.bus.node_id, problems=problems)

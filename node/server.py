@@ -39,11 +39,13 @@ def bind(host: str, port: int, backlog: int) -> socket.socket:
         sock.listen(backlog)
     except OSError as exc:
         sock.close()
-        reason = "the port is in use" if exc.errno == errno.EADDRINUSE else exc.strerror or exc
-        raise PortInUse(
-            f"cannot listen on {host}:{port}: {reason}; stop what listens there or give "
-            "another --port (CANCEL_BUS_PORT)"
-        ) from None
+        if exc.errno == errno.EADDRINUSE:
+            hint = "the port is in use; stop what listens there or give another --port"
+        elif exc.errno == errno.EADDRNOTAVAIL:
+            hint = "the address is not one of this machine's; give another --host"
+        else:
+            hint = f"{exc.strerror or exc}; give another --host or --port"
+        raise PortInUse(f"cannot listen on {host}:{port}: {hint}") from None
     sock.set_inheritable(True)
     return sock
 

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 
 import pytest
@@ -289,3 +290,15 @@ def test_under_uvloop_refused_connections_are_bus_unavailable_and_heal(
 
 async def _ready(bus: CancelBus) -> bool:
     return bus.ready
+
+
+async def test_a_close_without_redis_says_the_lease_was_not_released(
+    make_bus: BusFactory, proxy: FaultProxy, caplog: pytest.LogCaptureFixture
+) -> None:
+    a = await make_bus(url=proxy.url, lease_ttl=30)
+    proxy.refuse()
+    with caplog.at_level(logging.INFO, logger="cancel_bus"):
+        await a.close(cancel_timeout=0.5)
+    said = [record.getMessage() for record in caplog.records]
+    assert any("stopped without releasing its lease" in line for line in said), said
+    assert not any(line.endswith(" left") for line in said), said

@@ -10,7 +10,13 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import redis
+from fastapi.testclient import TestClient
+
+from cancel_bus._keys import KeySpace
+from node.app import create_app
 from node.embedded import EmbeddedServer
+from node.settings import Settings
 
 from .node_cluster import Cluster, NodeProcess
 
@@ -143,3 +149,23 @@ def test_a_drain_ends_the_streams_of_runs_owned_elsewhere(
             client.post(f"/v1/runs/{run['run_id']}/cancel")  # not to hold the owner's drain
     finally:
         cluster.stop()
+
+
+def test_readiness_names_a_redis_that_refuses_the_node(redis_server: EmbeddedServer) -> None:
+    namespace = f"revoked-{uuid.uuid4().hex[:8]}"
+    user, password = f"u-{namespace}", "pw-" + uuid.uuid4().hex
+    admin = redis.Redis.from_url(redis_server.url)
+    admin.execute_command(
+        "ACL", "SETUSER", user, "on", f">{password}", *KeySpace(namespace).acl_rules().split()
+    )
+    url = f"redis://{user}:{password}@127.0.0.1:{redis_server.port}/0"
+    try:
+        with TestClient(create_app(Settings(redis_url=url, namespace=namespace))) as client:
+            assert client.get("/readyz").status_code == 200
+            admin.execute_command("ACL", "DELUSER", user)  # its connections are closed too
+            ready = client.get("/readyz")
+            assert ready.status_code == 503
+            assert "redis refused access (its user or password)" in ready.json()["problems"]
+    finally:
+        admin.execute_command("ACL", "DELUSER", user)
+        admin.close()

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from node.embedded import EmbeddedServer
+from node.server import PortInUse, bind
 
 from .node_cluster import COMMAND, Cluster, NodeProcess
 
@@ -179,3 +180,8 @@ def test_the_demo_takes_its_processes_with_it(sig: signal.Signals, tmp_path: Pat
     assert code == (-signal.SIGKILL if sig is signal.SIGKILL else 0), stderr
     assert "Traceback" not in stderr, stderr
     _wait_for(lambda: not any(_listening(port) for port in ports), "the demo's processes", 30)
+
+
+def test_an_address_of_another_machine_is_named_as_such() -> None:
+    with pytest.raises(PortInUse, match="the address is not one of this machine's"):
+        bind("192.0.2.1", 8080, 1)  # TEST-NET-1: never a local address
