@@ -10,24 +10,34 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
+import operator
 import os
 import shutil
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from datetime import time as dt_time
 from enum import IntEnum
-from typing import Any, NoReturn, get_args
+from typing import Any, ClassVar, NoReturn, get_args
 from urllib.parse import quote, urlsplit
 
 import httpx
 import uvicorn
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 from rich.console import Console
 from rich.live import Live
 
-from cancel_bus import CancelBusError, CancelMode, InvalidArgument, __version__, acl_rules
+from cancel_bus import (
+    CancelBusError,
+    CancelMode,
+    InvalidArgument,
+    RunInfo,
+    Tombstone,
+    __version__,
+    acl_rules,
+)
 
 from .display import (
     as_json,
@@ -41,10 +51,25 @@ from .display import (
     status_of,
     tombstones_table,
 )
-from .queries import WINDOW, StatusFilter
+from .queries import WINDOW, RunQuery, StatusFilter
+from .schemas import (
+    CancelAnswer,
+    CancelBody,
+    EventList,
+    NodeList,
+    Problem,
+    RunList,
+    SelectorAnswer,
+    SelectorCancel,
+    TombstoneList,
+)
 from .server import DrainingServer, PortInUse
+from .settings import Settings
 
 DEFAULT_URL = "http://127.0.0.1:8080"
+HTTP_TIMEOUT = 10.0  # seconds for a node's answer (beyond what a cancel waits on purpose)
+MAX_HTTP_TIMEOUT = 3600.0
+MAX_WATCH = 86400.0  # runs --watch: the longest pause between refreshes
 out = Console(highlight=False, markup=False)  # what it shows is data, never markup
 
 
@@ -52,7 +77,7 @@ class Exit(IntEnum):
     """The exit codes of ``cancel-bus``."""
 
     OK = 0  # cancel: cancelled, stopping or owner_lost
-    ERROR = 1  # the node is unreachable or answered an error; a bad configuration; "no"
+    ERROR = 1  # the node is unreachable, answered an error or not as a node; a bad config; "no"
     USAGE = 2  # a bad command line
     FINISHED = 3  # cancel: the run had already finished
     NOT_FOUND = 4  # no such run (or id prefix, tombstone); no active run in the session or match
@@ -61,8 +86,8 @@ class Exit(IntEnum):
 
 EXIT_HELP = """exit codes:
   0  done (cancel: cancelled, stopping or owner_lost)
-  1  error: the node is unreachable or answered an error, or a bad configuration; or the
-     question of cancel-where answered no
+  1  error: the node is unreachable, answered an error, or did not answer (in time, or as a
+     cancel-bus node), or a bad configuration; or the question of cancel-where answered no
   2  a bad command line
   3  cancel: the run had already finished
   4  not found: no such run (or id prefix, or tombstone), no active run in the session, no
@@ -175,27 +200,80 @@ def demo(args: argparse.Namespace) -> int:
 # -- the HTTP client ----------------------------------------------------------------------------
 
 
-def _call(
-    args: argparse.Namespace, method: str, path: str, ok: tuple[int, ...] = (200,), **kwargs: Any
+def _ask(
+    args: argparse.Namespace,
+    method: str,
+    path: str,
+    answer: type[BaseModel],
+    *,
+    ok: tuple[int, ...] = (200,),
+    waits: float = 0.0,
+    **kwargs: Any,
+) -> dict[str, Any]:
+    """The node's answer (a status in ``ok``), as ``answer`` describes it; any other status is
+    a one-line error with the node's message. ``waits``: the seconds the node takes on purpose
+    (a cancel's timeout), on top of ``--http-timeout``."""
+    response = _request(args, method, path, waits, **kwargs)
+    if response.status_code not in ok:
+        raise _refused(args, response)
+    return _decoded(args, response, answer)
+
+
+def _ask_if_found(
+    args: argparse.Namespace, method: str, path: str, answer: type[BaseModel], **kwargs: Any
+) -> dict[str, Any] | None:
+    """:func:`_ask`, with None for the node's 404 (a stray page's 404 is an error)."""
+    response = _request(args, method, path, 0.0, **kwargs)
+    if response.status_code == 404:
+        _decoded(args, response, Problem)
+        return None
+    if response.status_code != 200:
+        raise _refused(args, response)
+    return _decoded(args, response, answer)
+
+
+def _request(
+    args: argparse.Namespace, method: str, path: str, waits: float, **kwargs: Any
 ) -> httpx.Response:
-    """The node's answer; any status not in ``ok`` is a one-line error with its message."""
     headers = {"Authorization": f"Bearer {args.token}"} if args.token else {}
+    timeout = args.http_timeout + waits
     try:
-        with httpx.Client(base_url=args.url, headers=headers, timeout=args.http_timeout) as client:
-            response = client.request(method, path, **kwargs)
+        with httpx.Client(base_url=args.url, headers=headers, timeout=timeout) as client:
+            return client.request(method, path, **kwargs)
+    except httpx.TimeoutException:
+        raise CliError(f"{args.url} did not answer within {timeout:g} s") from None
     except httpx.HTTPError as exc:
         raise CliError(f"cannot reach {args.url}: {exc or type(exc).__name__}") from None
-    if response.status_code not in ok:
-        raise CliError(f"{args.url} answered HTTP {response.status_code}: {_detail(response)}")
-    return response
 
 
-def _detail(response: httpx.Response) -> str:
+def _refused(args: argparse.Namespace, response: httpx.Response) -> CliError:
+    problem = _decoded(args, response, Problem)
+    return CliError(f"{args.url} answered HTTP {response.status_code}: {problem['detail']}")
+
+
+def _decoded(
+    args: argparse.Namespace, response: httpx.Response, answer: type[BaseModel]
+) -> dict[str, Any]:
+    """The JSON body, checked against the API's model of it: each field the commands read is
+    there, of its type. Anything else comes from a server that is no cancel-bus node (a wrong
+    ``--url``, a proxy's error page): the one place such an answer is caught."""
     try:
-        detail = response.json().get("detail")
-    except (ValueError, AttributeError):
-        return response.text[:200] or response.reason_phrase
-    return detail if isinstance(detail, str) else json.dumps(detail)[:300]
+        body = response.json()
+        answer.model_validate(body)  # a ValidationError is a ValueError, as bad JSON is
+    except ValueError as exc:
+        if isinstance(exc, ValidationError):
+            first = exc.errors()[0]
+            why = f"{'.'.join(map(str, first['loc'])) or 'body'}: {first['msg']}"
+        else:
+            kind = response.headers.get("content-type", "no content type")
+            why = f"{kind}, not JSON: {response.text[:60]!r}"
+        request = response.request
+        raise CliError(
+            f"{args.url} did not answer as a cancel-bus node (HTTP {response.status_code} to "
+            f"{request.method} {request.url.path}: {why})"
+        ) from None
+    decoded: dict[str, Any] = body
+    return decoded
 
 
 def _run_path(run_id: str, suffix: str = "") -> str:
@@ -204,9 +282,8 @@ def _run_path(run_id: str, suffix: str = "") -> str:
 
 def _resolve(args: argparse.Namespace, ref: str) -> dict[str, Any]:
     """The run whose id is ``ref``, or the one run whose id starts with it."""
-    response = _call(args, "GET", _run_path(ref), ok=(200, 404))
-    if response.status_code == 200:
-        run: dict[str, Any] = response.json()
+    run = _ask_if_found(args, "GET", _run_path(ref), RunInfo)
+    if run is not None:
         return run
     found = _by_prefix(args, ref)
     if found is None:
@@ -217,7 +294,7 @@ def _resolve(args: argparse.Namespace, ref: str) -> dict[str, Any]:
 def _by_prefix(args: argparse.Namespace, prefix: str) -> dict[str, Any] | None:
     """The one run whose id starts with ``prefix`` (among the most recent), if any."""
     params = {"status": "all", "id_prefix": prefix, "limit": 6}
-    matches = _call(args, "GET", "/v1/runs", params=params).json()["runs"]
+    matches = _ask(args, "GET", "/v1/runs", RunList, params=params)["runs"]
     if len(matches) > 1:
         ids = ", ".join(run["run_id"] for run in matches[:5])
         more = ", ..." if len(matches) > 5 else ""
@@ -249,7 +326,7 @@ def runs(args: argparse.Namespace) -> int:
         if getattr(args, flag) is not None:
             params[name] = getattr(args, flag)
     if args.watch is None:
-        answer = _call(args, "GET", "/v1/runs", params=params).json()
+        answer = _ask(args, "GET", "/v1/runs", RunList, params=params)
         if args.json:
             print(as_json(answer["runs"]))
         else:
@@ -266,7 +343,7 @@ def _watch(args: argparse.Namespace, params: dict[str, Any]) -> int:
     try:
         with Live(console=out, auto_refresh=False) as live:
             while args.count is None or refreshes < args.count:
-                answer = _call(args, "GET", "/v1/runs", params=params).json()
+                answer = _ask(args, "GET", "/v1/runs", RunList, params=params)
                 title = (
                     f"{len(answer['runs'])}{'+' if answer['more'] else ''} run(s), "
                     f"{args.status}, at {time.strftime('%H:%M:%S')} (Ctrl-C to stop)"
@@ -283,9 +360,9 @@ def _watch(args: argparse.Namespace, params: dict[str, Any]) -> int:
 
 def run_details_command(args: argparse.Namespace) -> int:
     run = _resolve(args, args.run_id)
-    answer = _call(args, "GET", _run_path(run["run_id"], "/events")).json()
+    answer = _ask(args, "GET", _run_path(run["run_id"], "/events"), EventList)
     params = {"status": "all", "parent": run["run_id"], "limit": WINDOW}
-    children = _call(args, "GET", "/v1/runs", params=params).json()["runs"]
+    children = _ask(args, "GET", "/v1/runs", RunList, params=params)["runs"]
     if args.json:
         print(as_json({"run": run, "events": answer["events"], "children": children}))
         return 0
@@ -305,12 +382,13 @@ def cancel(args: argparse.Namespace) -> int:
     else:
         raise CliError("give a RUN_ID or --session APP USER SESSION", Exit.USAGE)
     answers = (200, 202, 404, 409)
-    answer = _call(args, "POST", path, ok=answers, json=body).json()
+    waits = 0.0 if args.no_wait else args.timeout
+    answer = _ask(args, "POST", path, CancelAnswer, ok=answers, waits=waits, json=body)
     if answer["outcome"] == "not_found" and args.run_id:  # perhaps the start of an id
         found = _by_prefix(args, args.run_id)
         if found is not None:
             path = _run_path(found["run_id"], "/cancel")
-            answer = _call(args, "POST", path, ok=answers, json=body).json()
+            answer = _ask(args, "POST", path, CancelAnswer, ok=answers, waits=waits, json=body)
     if args.json:
         print(as_json(answer))
     else:
@@ -346,7 +424,7 @@ def cancel_where(args: argparse.Namespace) -> int:
     if args.json and not (args.yes or args.dry_run):
         raise CliError("--json needs --yes or --dry-run (it asks no question)", Exit.USAGE)
     body = _selector_body(args)
-    preview = _call(args, "POST", "/v1/cancel-where", json={**body, "dry_run": True}).json()
+    preview = _ask(args, "POST", "/v1/cancel-where", SelectorAnswer, json={**body, "dry_run": True})
     holds = args.ttl is not None or args.until is not None
     if args.dry_run or not args.yes:
         if args.json:
@@ -358,7 +436,9 @@ def cancel_where(args: argparse.Namespace) -> int:
     if not args.yes and not _confirmed(preview["matched"], args):
         out.print("nothing cancelled")
         return Exit.ERROR
-    answer = _call(args, "POST", "/v1/cancel-where", json={**body, "dry_run": False}).json()
+    waits = 0.0 if args.no_wait else args.timeout
+    cancelled = {**body, "dry_run": False}
+    answer = _ask(args, "POST", "/v1/cancel-where", SelectorAnswer, waits=waits, json=cancelled)
     if args.json:
         print(as_json(answer))
     else:
@@ -398,7 +478,7 @@ def _show_preview(args: argparse.Namespace, body: dict[str, Any], preview: dict[
         for name in ("app_name", "user_id", "session_id", "node_id")
         if name in body
     }
-    listed = _call(args, "GET", "/v1/runs", params=params).json()
+    listed = _ask(args, "GET", "/v1/runs", RunList, params=params)
     wanted = set(ids)
     shown = [run for run in listed["runs"] if run["run_id"] in wanted][:PREVIEW_ROWS]
     out.print(runs_table(shown, listed["at"], out.width))
@@ -462,7 +542,7 @@ def _show_cancelled(answer: dict[str, Any], timeout: float) -> None:
 
 def tombstones(args: argparse.Namespace) -> int:
     if args.action is None:
-        answer = _call(args, "GET", "/v1/tombstones").json()
+        answer = _ask(args, "GET", "/v1/tombstones", TombstoneList)
         if args.json:
             print(as_json(answer["tombstones"]))
         elif answer["tombstones"]:
@@ -473,10 +553,9 @@ def tombstones(args: argparse.Namespace) -> int:
     if args.tombstone_id is None:
         raise CliError("tombstones rm needs a TOMBSTONE_ID", Exit.USAGE)
     path = f"/v1/tombstones/{quote(args.tombstone_id, safe='')}"
-    response = _call(args, "DELETE", path, ok=(200, 404))
-    if response.status_code == 404:
+    removed = _ask_if_found(args, "DELETE", path, Tombstone)
+    if removed is None:
         raise CliError(f"no live tombstone {args.tombstone_id}", Exit.NOT_FOUND)
-    removed = response.json()
     if args.json:
         print(as_json(removed))
     else:
@@ -486,7 +565,7 @@ def tombstones(args: argparse.Namespace) -> int:
 
 
 def nodes(args: argparse.Namespace) -> int:
-    answer = _call(args, "GET", "/v1/nodes").json()
+    answer = _ask(args, "GET", "/v1/nodes", NodeList)
     if args.json:
         print(as_json(answer["nodes"]))
     else:
@@ -558,20 +637,87 @@ def _metadata_item(value: str) -> tuple[str, str | int | float | bool]:
     return key, parsed
 
 
-def _positive(kind: type[int] | type[float]) -> Any:
-    def parse(value: str) -> int | float:
+def _number(kind: type[int] | type[float]) -> Callable[[str], float]:
+    """A finite number of this kind (``nan``, ``inf`` and ``1e400`` are none)."""
+    what = "a whole number" if kind is int else "a number"
+
+    def parse(value: str) -> float:
         try:
             number = kind(value)
         except ValueError:
-            number = 0
-        if not 0 < number < float("inf"):
-            raise argparse.ArgumentTypeError(f"{value!r} is not a positive {kind.__name__}")
+            raise argparse.ArgumentTypeError(f"{value!r} is not {what}") from None
+        if not math.isfinite(number):
+            raise argparse.ArgumentTypeError(f"{value!r} is not {what}")
         return number
 
     return parse
 
 
-def _add_cancel_options(p: argparse.ArgumentParser, runs: str) -> None:
+def _plain(number: float) -> str:
+    return f"{number:g}"
+
+
+def _duration(seconds: float) -> str:
+    """``7d``, ``5m``, ``90s``: as ``_seconds`` reads them."""
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{seconds / size:g}{unit}"
+    return f"{seconds:g}s"
+
+
+class Within:
+    """An argparse ``type=``: a value ``parse`` reads, within ``limits`` (pydantic's names: gt,
+    ge, lt, le). Built from the node's own model of a field (:meth:`of`), it refuses as a bad
+    command line (exit code 2) what the node would refuse (HTTP 422)."""
+
+    CHECKS: ClassVar[dict[str, tuple[Callable[[float, float], bool], str]]] = {
+        "gt": (operator.gt, "above"),
+        "ge": (operator.ge, "at least"),
+        "lt": (operator.lt, "below"),
+        "le": (operator.le, "at most"),
+    }
+
+    def __init__(
+        self,
+        parse: Callable[[str], float],
+        limits: dict[str, float],
+        show: Callable[[float], str] = _plain,
+    ) -> None:
+        self.parse, self.limits, self.show = parse, limits, show
+
+    @classmethod
+    def of(
+        cls,
+        model: type[BaseModel],
+        field: str,
+        parse: Callable[[str], float],
+        show: Callable[[float], str] = _plain,
+    ) -> Within:
+        limits = {
+            name: getattr(constraint, name)
+            for constraint in model.model_fields[field].metadata
+            for name in cls.CHECKS
+            if getattr(constraint, name, None) is not None
+        }
+        return cls(parse, limits, show)
+
+    def __call__(self, value: str) -> float:
+        number = self.parse(value)  # finite, or an ArgumentTypeError
+        if not all(self.CHECKS[name][0](number, bound) for name, bound in self.limits.items()):
+            raise argparse.ArgumentTypeError(f"{value!r} is out of range ({self})")
+        return number
+
+    def __str__(self) -> str:
+        """``0.1-60``, or ``above 0s, at most 7d``."""
+        if self.limits.keys() == {"ge", "le"}:
+            return f"{self.show(self.limits['ge'])}-{self.show(self.limits['le'])}"
+        return ", ".join(
+            f"{self.CHECKS[name][1]} {self.show(bound)}" for name, bound in self.limits.items()
+        )
+
+
+def _add_cancel_options(p: argparse.ArgumentParser, runs: str, body: type[BaseModel]) -> None:
+    """--mode, --reason, --no-wait and --timeout, as the node's ``body`` takes them."""
     p.add_argument(
         "--mode",
         default="checkpoint",
@@ -581,11 +727,12 @@ def _add_cancel_options(p: argparse.ArgumentParser, runs: str) -> None:
     )
     p.add_argument("--reason", help="recorded with the run")
     p.add_argument("--no-wait", action="store_true", help="answer once recorded: stopping")
+    timeout = Within.of(body, "timeout", _number(float))
     p.add_argument(
         "--timeout",
-        type=float,
+        type=timeout,
         default=5.0,
-        help=f"seconds to wait for {runs} to stop (0.1-60, default 5)",
+        help=f"seconds to wait for {runs} to stop ({timeout}, default 5)",
     )
 
 
@@ -623,19 +770,23 @@ def _add_selector_commands(commands: Any, client: argparse.ArgumentParser) -> No
         help="runs started before TIME (2026-05-01T14:30:00Z, or 14:30 today)",
     )
     started.add_argument(
-        "--older-than", type=_seconds, metavar="AGE", help="runs started AGE ago or more (5m)"
+        "--older-than",
+        type=Within.of(SelectorCancel, "min_age", _seconds, _duration),
+        metavar="AGE",
+        help="runs started AGE ago or more (5m)",
     )
     hold = p.add_mutually_exclusive_group()
+    ttl = Within.of(SelectorCancel, "ttl", _seconds, _duration)
     hold.add_argument(
         "--ttl",
-        type=_seconds,
+        type=ttl,
         metavar="DURATION",
-        help="also cancel matching runs started in the next DURATION (60s, 5m; at most 7d)",
+        help=f"also cancel matching runs started in the next DURATION (60s, 5m; {ttl})",
     )
     hold.add_argument(
         "--until", type=_time, metavar="TIME", help="also cancel matching runs started until TIME"
     )
-    _add_cancel_options(p, "them")
+    _add_cancel_options(p, "them", SelectorCancel)
     act = p.add_mutually_exclusive_group()
     act.add_argument("--yes", action="store_true", help="cancel without asking")
     act.add_argument("--dry-run", action="store_true", help="only show what matches")
@@ -651,6 +802,35 @@ def _add_selector_commands(commands: Any, client: argparse.ArgumentParser) -> No
     p.add_argument("action", nargs="?", choices=["rm"], help="rm: lift the tombstone ID")
     p.add_argument("tombstone_id", nargs="?", metavar="ID", help="the tombstone to lift")
     p.set_defaults(func=tombstones)
+
+
+def _client_options() -> Parser:
+    """The options of every command that asks a node."""
+    client = Parser(add_help=False)
+    client.add_argument(
+        "--url",
+        type=_http_url,
+        default=os.environ.get("CANCEL_BUS_URL", DEFAULT_URL),
+        help=f"the node to ask (CANCEL_BUS_URL; default {DEFAULT_URL})",
+    )
+    client.add_argument(
+        "--token",
+        default=os.environ.get("CANCEL_BUS_TOKEN"),
+        help="bearer token (CANCEL_BUS_TOKEN), if the node has API tokens",
+    )
+    client.add_argument(
+        "--json", action="store_true", help="JSON output for scripts (ISO 8601 times)"
+    )
+    http_timeout = Within(_number(float), {"gt": 0, "le": MAX_HTTP_TIMEOUT})
+    client.add_argument(
+        "--http-timeout",
+        type=http_timeout,
+        default=HTTP_TIMEOUT,
+        metavar="SECONDS",
+        help=f"how long to wait for the node's answer ({http_timeout}, default "
+        f"{HTTP_TIMEOUT:g}); a cancel that waits for runs to stop waits its --timeout more",
+    )
+    return client
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -672,7 +852,10 @@ def build_parser() -> argparse.ArgumentParser:
         "cancelled; a second Ctrl-C cancels them at once.",
     )
     p.add_argument("--host", help="address to listen on (CANCEL_BUS_HOST; default 127.0.0.1)")
-    p.add_argument("--port", type=int, help="port to listen on (CANCEL_BUS_PORT; default 8080)")
+    port = Within.of(Settings, "port", _number(int))
+    p.add_argument(
+        "--port", type=port, help=f"port to listen on ({port}; CANCEL_BUS_PORT; default 8080)"
+    )
     p.add_argument("--redis-url", help="Redis URL (CANCEL_BUS_REDIS_URL; none: embedded server)")
     p.add_argument("--node-id", help="this node's id (CANCEL_BUS_NODE_ID; default host-pid-random)")
     p.add_argument("--namespace", help="key prefix shared by the cluster (CANCEL_BUS_NAMESPACE)")
@@ -693,22 +876,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--exit", action="store_true", help="stop after the demo instead of waiting")
     p.set_defaults(func=demo)
 
-    client = Parser(add_help=False)
-    client.add_argument(
-        "--url",
-        type=_http_url,
-        default=os.environ.get("CANCEL_BUS_URL", DEFAULT_URL),
-        help=f"the node to ask (CANCEL_BUS_URL; default {DEFAULT_URL})",
-    )
-    client.add_argument(
-        "--token",
-        default=os.environ.get("CANCEL_BUS_TOKEN"),
-        help="bearer token (CANCEL_BUS_TOKEN), if the node has API tokens",
-    )
-    client.add_argument(
-        "--json", action="store_true", help="JSON output for scripts (ISO 8601 times)"
-    )
-    client.add_argument("--http-timeout", type=float, default=70.0, help=argparse.SUPPRESS)
+    client = _client_options()
 
     p = commands.add_parser(
         "runs",
@@ -732,19 +900,32 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--phase", help="runs in this phase, or kind of phase (tool: tool:search)")
     p.add_argument("--id", help="runs whose id starts so")
     p.add_argument(
-        "--older-than", type=_seconds, metavar="AGE", help="started AGE ago or more (90s, 5m, 2h)"
+        "--older-than",
+        type=Within.of(RunQuery, "min_age", _seconds, _duration),
+        metavar="AGE",
+        help="started AGE ago or more (90s, 5m, 2h)",
     )
-    p.add_argument("--newer-than", type=_seconds, metavar="AGE", help="started AGE ago or less")
-    p.add_argument("--limit", type=int, default=100, help=f"at most (1-{WINDOW}, default 100)")
+    p.add_argument(
+        "--newer-than",
+        type=Within.of(RunQuery, "max_age", _seconds, _duration),
+        metavar="AGE",
+        help="started AGE ago or less",
+    )
+    limit = Within.of(RunQuery, "limit", _number(int))
+    p.add_argument("--limit", type=limit, default=100, help=f"at most ({limit}, default 100)")
     p.add_argument(
         "--watch",
-        type=_positive(float),
+        type=Within(_number(float), {"gt": 0, "le": MAX_WATCH}),
         nargs="?",
         const=2.0,
         metavar="SECONDS",
         help="show the list again every SECONDS (default 2) until Ctrl-C",
     )
-    p.add_argument("--count", type=_positive(int), help="with --watch: stop after COUNT refreshes")
+    p.add_argument(
+        "--count",
+        type=Within(_number(int), {"ge": 1}),
+        help="with --watch: stop after COUNT refreshes",
+    )
     p.set_defaults(func=runs)
 
     p = commands.add_parser(
@@ -767,7 +948,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("run_id", nargs="?", metavar="RUN_ID", help="a run id, or the start of one")
     p.add_argument("--session", nargs=3, metavar=("APP", "USER", "SESSION"), help="a session")
-    _add_cancel_options(p, "it")
+    _add_cancel_options(p, "it", CancelBody)
     p.set_defaults(func=cancel)
 
     _add_selector_commands(commands, client)

@@ -7,18 +7,25 @@ from __future__ import annotations
 import json
 import re
 import shlex
+import socket
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
+from pydantic import BaseModel, ValidationError, create_model
 
-from node.cli import Exit, build_parser
+from node.cli import HTTP_TIMEOUT, Exit, build_parser
 from node.embedded import EmbeddedServer
+from node.queries import RunQuery
+from node.schemas import CancelBody, SelectorCancel
+from node.settings import Settings
 
 from .node_cluster import COMMAND, Cluster
 
@@ -238,11 +245,25 @@ def test_not_found_names_what_was_not_found(cluster: Cluster) -> None:
         (["runs", "--status", "bogus"], Exit.USAGE, "invalid choice: 'bogus' (choose from"),
         (["cancel", "x", "--mode", "soon"], Exit.USAGE, "invalid choice: 'soon'"),
         (["runs", "--older-than", "soon"], Exit.USAGE, "'soon' is not a duration"),
-        (["runs", "--watch", "-1"], Exit.USAGE, "'-1' is not a positive float"),
+        (["runs", "--watch", "-1"], Exit.USAGE, "'-1' is out of range (above 0, at most"),
         (["runs", "--url", "http://127.0.0.1:1"], Exit.ERROR, "cannot reach http://127.0.0.1:1"),
-        (["runs", "--limit", "5000"], Exit.ERROR, "answered HTTP 422: query.limit: "),
+        (["runs", "--limit", "5000"], Exit.USAGE, "--limit: '5000' is out of range (1-1000)"),
         (["run", "a b"], Exit.ERROR, "answered HTTP 422: path.run_id: "),
-        (["cancel", "x", "--timeout", "0"], Exit.ERROR, "HTTP 422: body.timeout: "),
+        (["cancel", "x", "--timeout", "0"], Exit.USAGE, "'0' is out of range (0.1-60)"),
+        (["cancel", "x", "--timeout", "nan"], Exit.USAGE, "--timeout: 'nan' is not a number"),
+        (["cancel", "x", "--timeout", "inf"], Exit.USAGE, "--timeout: 'inf' is not a number"),
+        (["cancel", "x", "--timeout", "1e400"], Exit.USAGE, "'1e400' is not a number"),
+        (["cancel-where", "--app", "a", "--timeout", "nan"], Exit.USAGE, "is not a number"),
+        (["runs", "--http-timeout", "nan"], Exit.USAGE, "--http-timeout: 'nan' is not a"),
+        (["runs", "--http-timeout", "0"], Exit.USAGE, "--http-timeout: '0' is out of range"),
+        (["runs", "--limit", "0"], Exit.USAGE, "--limit: '0' is out of range (1-1000)"),
+        (["runs", "--limit", "nan"], Exit.USAGE, "--limit: 'nan' is not a whole number"),
+        (["runs", "--older-than", "3651d"], Exit.USAGE, "'3651d' is out of range (0s-3650d)"),
+        (["runs", "--watch", "1e308", "--count", "2"], Exit.USAGE, "'1e308' is out of range"),
+        (["cancel-where", "--app", "a", "--ttl", "0"], Exit.USAGE, "(above 0s, at most 7d)"),
+        (["cancel-where", "--app", "a", "--ttl", "8d"], Exit.USAGE, "'8d' is out of range"),
+        (["serve", "--port", "99999"], Exit.USAGE, "--port: '99999' is out of range (0-65535)"),
+        (["serve", "--port", "nan"], Exit.USAGE, "--port: 'nan' is not a whole number"),
         (["demo", "--nodes", "1"], Exit.USAGE, "at least 2 nodes"),
         (["cancel-where", "--meta", "tier"], Exit.USAGE, "'tier' is not KEY=VALUE"),
         (["cancel-where", "--meta", "n:=[1]"], Exit.USAGE, "KEY:= takes a number"),
@@ -257,7 +278,8 @@ def test_not_found_names_what_was_not_found(cluster: Cluster) -> None:
 def test_errors_are_one_line_with_a_distinct_exit_code(
     cluster: Cluster, args: list[str], code: Exit, says: str
 ) -> None:
-    url = [] if "--url" in args or args[0] == "demo" else ["--url", cluster.nodes[0].url]
+    local = "--url" in args or args[0] in ("demo", "serve")
+    url = [] if local else ["--url", cluster.nodes[0].url]
     result = cli(*args, *url, COLUMNS="60")  # a narrow terminal: still one line
     assert result.returncode == code, result
     assert says in _one_line(result)
@@ -340,3 +362,136 @@ def test_serve_reports_a_bad_configuration_in_one_line(env: dict[str, str], says
     assert says in _one_line(result)
     assert result.stderr.startswith("cancel-bus: bad configuration: ")
     assert "a-token-of-16-chars" not in result.stderr
+
+
+DAY = 86400
+
+
+@pytest.mark.parametrize(
+    ("command", "option", "model", "field", "values"),
+    [
+        (["cancel", "x"], "--timeout", CancelBody, "timeout", [0, 0.09, 0.1, 60, 60.1]),
+        (["cancel-where", "--app", "a"], "--timeout", SelectorCancel, "timeout", [0.1, 61]),
+        (["cancel-where", "--app", "a"], "--ttl", SelectorCancel, "ttl", [0, 1, 7 * DAY, 8 * DAY]),
+        (["runs"], "--limit", RunQuery, "limit", [0, 1, 1000, 1001]),
+        (["runs"], "--older-than", RunQuery, "min_age", [0, 3650 * DAY, 3651 * DAY]),
+        (["runs"], "--newer-than", RunQuery, "max_age", [0, 3650 * DAY, 3651 * DAY]),
+        (["serve"], "--port", Settings, "port", [-1, 0, 65535, 65536]),
+    ],
+)
+def test_number_options_refuse_exactly_what_the_node_refuses(
+    command: list[str], option: str, model: type[BaseModel], field: str, values: list[float]
+) -> None:
+    """Each bound is the node's own (its model's field), on both sides of it."""
+    parser = build_parser()
+    info = model.model_fields[field]
+    annotation: Any = info.annotation
+    node_side = create_model("NodeSide", value=(annotation, info))
+    for value in values:
+        try:
+            parser.parse_args([*command, option, str(value)])
+        except SystemExit as exc:
+            assert exc.code == Exit.USAGE
+            cli_takes = False
+        else:
+            cli_takes = True
+        try:
+            node_side.model_validate({"value": value})
+        except ValidationError:
+            node_takes = False
+        else:
+            node_takes = True
+        assert cli_takes == node_takes, f"{option} {value}: the CLI and the node disagree"
+
+
+class Stranger(BaseHTTPRequestHandler):
+    """A web server that is no cancel-bus node: pages, JSON of its own, 404 pages."""
+
+    ANSWERS: ClassVar[dict[str, tuple[int, str, bytes]]] = {
+        "/v1/runs": (200, "application/json", b'{"status": "ok", "items": []}'),
+        "/v1/nodes": (200, "text/html", b"<html><body>Welcome to nginx!</body></html>"),
+        "/v1/tombstones": (200, "application/json", b"[]"),
+        "/v1/cancel-where": (404, "application/json", b'{"error": "no such route"}'),
+    }
+
+    def _answer(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        missing = (404, "text/html", b"<html><h1>404 Not Found</h1></html>")
+        status, kind, body = self.ANSWERS.get(self.path.partition("?")[0], missing)
+        self.send_response(status)
+        self.send_header("Content-Type", kind)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    do_GET = do_POST = do_DELETE = _answer
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def stranger() -> Iterator[str]:
+    """The URL of a plain HTTP server on a free loopback port, in a thread of this process."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Stranger)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+    thread.join(timeout=10)
+    assert not thread.is_alive()
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["runs"], "HTTP 200 to GET /v1/runs: runs: Field required"),
+        (["runs", "--watch", "0.1", "--count", "2"], "HTTP 200 to GET /v1/runs: runs: Field"),
+        (["nodes"], "HTTP 200 to GET /v1/nodes: text/html, not JSON: '<html><body>Welcome"),
+        (["tombstones"], "HTTP 200 to GET /v1/tombstones: body: Input should be a valid dict"),
+        (["tombstones", "rm", "t1"], "HTTP 404 to DELETE /v1/tombstones/t1: text/html, not JSON"),
+        (["run", "abc"], "HTTP 404 to GET /v1/runs/abc: text/html, not JSON"),
+        (["cancel", "abc"], "HTTP 404 to POST /v1/runs/abc/cancel: text/html"),
+        (["cancel", "--session", "a", "u", "s"], "HTTP 404 to POST /v1/sessions/a/u/s/cancel"),
+        (["cancel-where", "--app", "a", "--yes"], "HTTP 404 to POST /v1/cancel-where: detail:"),
+    ],
+)
+def test_a_server_that_is_no_node_is_named_in_one_line(
+    stranger: str, args: list[str], says: str
+) -> None:
+    result = cli(*args, "--url", stranger, COLUMNS="60")
+    assert result.returncode == Exit.ERROR, result
+    said = _one_line(result)
+    assert said.startswith(f"cancel-bus: {stranger} did not answer as a cancel-bus node ("), said
+    assert says in said
+
+
+@pytest.fixture
+def silent() -> Iterator[str]:
+    """The URL of a socket that takes connections (the kernel's backlog holds them) and never
+    answers."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(16)
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}"
+
+
+def test_a_node_that_never_answers_is_given_up_on_after_the_http_timeout(silent: str) -> None:
+    listed = cli("runs", "--url", silent, "--http-timeout", "0.3")
+    assert listed.returncode == Exit.ERROR
+    assert _one_line(listed) == f"cancel-bus: {silent} did not answer within 0.3 s\n"
+    recorded = cli("cancel", "x", "--no-wait", "--url", silent, "--http-timeout", "0.3")
+    assert _one_line(recorded) == f"cancel-bus: {silent} did not answer within 0.3 s\n"
+    started = time.monotonic()
+    waited = cli("cancel", "x", "--timeout", "0.5", "--url", silent, "--http-timeout", "0.3")
+    assert time.monotonic() - started >= 0.8  # the node gets the cancel's own wait on top
+    assert waited.returncode == Exit.ERROR
+    assert _one_line(waited) == f"cancel-bus: {silent} did not answer within 0.8 s\n"
+
+
+def test_the_http_timeout_is_short_and_documented() -> None:
+    args = build_parser().parse_args(["runs"])
+    assert args.http_timeout == HTTP_TIMEOUT <= 10
+    shown = " ".join(cli("runs", "--help").stdout.split())
+    assert re.search(rf"--http-timeout SECONDS how long .*default {HTTP_TIMEOUT:g}\)", shown)

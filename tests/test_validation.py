@@ -89,7 +89,7 @@ def test_bad_bus_options_are_rejected(options: dict[str, object]) -> None:
 
 
 def test_the_settings_are_checked_before_the_keys() -> None:
-    with pytest.raises(InvalidArgument, match="lease_ttl must be 0.3 to 3600 seconds"):
+    with pytest.raises(InvalidArgument, match=r"lease_ttl must be 0\.3 to 3600 seconds"):
         CancelBus("redis://127.0.0.1:1/0", lease_ttl=0.1, signing_key="")
 
 
