@@ -94,7 +94,11 @@ class Lease:
                         node_id, self.lease_ttl, self._version, epoch, restore
                     )
             except TimeoutError:
-                raise BusUnavailable("no answer from Redis to the node registration") from None
+                raise BusUnavailable(
+                    f"no answer from Redis to the node registration within {self.interval:.2g} s "
+                    "(as when a server is stalled, or a Sentinel or TLS handshake never completes:"
+                    " check the URL's scheme and hosts)"
+                ) from None
             if code == "ok":
                 self.node_id, self.epoch, self.valid = node_id, epoch, True
                 self._renewed(sent, local_sent, server_now)

@@ -1,5 +1,5 @@
-"""Redis URLs beyond the plain one: a Unix socket serves a bus, and an unreachable cluster is
-:class:`BusUnavailable`, not redis-py's own exception."""
+"""Redis URLs beyond the plain one: a Unix socket serves a bus; an unreachable cluster is
+:class:`BusUnavailable`, not redis-py's own exception; TLS to a plain server points at the URL."""
 
 from __future__ import annotations
 
@@ -34,4 +34,12 @@ async def test_an_unreachable_cluster_is_bus_unavailable() -> None:
     bus = CancelBus(f"redis+cluster://127.0.0.1:{free_port()}", namespace="gone", lease_ttl=1)
     with pytest.raises(BusUnavailable, match="Redis Cluster cannot be connected"):
         await bus.start()
+    await bus.close()
+
+
+async def test_tls_to_a_plain_server_points_at_the_url(redis_server: EmbeddedServer) -> None:
+    url = f"rediss://127.0.0.1:{redis_server.port}/0?ssl_cert_reqs=none"
+    bus = CancelBus(url, namespace="tls", lease_ttl=1)
+    with pytest.raises(BusUnavailable, match="TLS handshake never completes: check the URL"):
+        await bus.start()  # the handshake waits for an answer a plain server never sends
     await bus.close()
