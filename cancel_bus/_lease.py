@@ -158,11 +158,17 @@ class Lease:
         except (BusUnavailable, TimeoutError) as exc:
             if sent - self._last_warning >= WARN_EVERY:
                 self._last_warning = sent
+                runs = (
+                    "its runs were stopped (redis_unreachable)"
+                    if self.self_fenced
+                    else f"runs go on; stopped at {self.self_fence_after:g} s"
+                )
                 log.warning(
-                    "cancel-bus: heartbeat of %s failed (%.1f s without an answer; runs go on): %s",
+                    "cancel-bus: heartbeat of %s failed (%.1f s since the last renewal; %s): %s",
                     self.node_id,
                     silent,
-                    exc or "timed out",
+                    runs,
+                    str(exc) or f"no answer within {self.interval:.2g} s",
                 )
             return False
         if code == "fenced":

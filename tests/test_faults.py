@@ -302,3 +302,20 @@ async def test_a_close_without_redis_says_the_lease_was_not_released(
     said = [record.getMessage() for record in caplog.records]
     assert any("stopped without releasing its lease" in line for line in said), said
     assert not any(line.endswith(" left") for line in said), said
+
+
+async def test_a_failed_heartbeat_says_how_long_and_what_happens_to_the_runs(
+    make_bus: BusFactory, proxy: FaultProxy, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="cancel_bus")
+    await make_bus(url=proxy.url, lease_ttl=1, self_fence_after=30)
+    proxy.blackhole()  # Redis silent: each beat times out
+
+    async def warned() -> bool:
+        return any("heartbeat of" in record.getMessage() for record in caplog.records)
+
+    await eventually(warned)
+    proxy.heal()
+    line = next(r.getMessage() for r in caplog.records if "heartbeat of" in r.getMessage())
+    assert "s since the last renewal; runs go on; stopped at 30 s): " in line, line
+    assert not line.endswith(": "), line  # a reason is given
