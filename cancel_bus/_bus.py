@@ -286,6 +286,8 @@ class CancelBus:
             run_id, app_name, user_id, session_id, node_id, metadata, started_before
         )
         hold = check.hold(ttl, until, self.clock())
+        check.flag(dry_run, "dry_run")
+        check.flag(wait, "wait")
         checked_mode, _ = check.request(mode, StopCause.USER, reason, requested_by, timeout)
         self._lifecycle.require_open()
         return await self._node.selections.cancel_where(
@@ -319,7 +321,7 @@ class CancelBus:
     async def wait(self, run_id: str, timeout: float = 30.0) -> RunInfo | None:
         """Wait for a run to end (on any node); the run as it stands at the end or the timeout."""
         validate_id(run_id, "run_id")
-        check.require(timeout > 0, "timeout must be positive")
+        check.timeout(timeout)
         self._lifecycle.require_open()
         return await self._node.caller.wait(run_id, timeout)
 
@@ -372,6 +374,7 @@ class CancelBus:
         """What a relayed run emits (from now on, or ``from_start``), read on any node; ends with
         ``run.finished``. Raises :class:`RunNotFound` for an unknown run."""
         validate_id(run_id, "run_id")
+        check.poll(poll)
         self._lifecycle.require_open()
         async for event in follow(self._store, run_id, from_start=from_start, poll=poll):
             yield event

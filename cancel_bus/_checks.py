@@ -16,6 +16,7 @@ MAX_TEXT = 1000
 MAX_LIST_LIMIT = 1000
 MAX_METADATA_BYTES = 16384
 MAX_TIMEOUT = 3600.0
+MAX_POLL = 4.0  # a blocking read longer than the socket timeout (5 s) would look like an outage
 MAX_RETENTION = 10 * 365 * 86400.0  # seconds a finished run is kept, at most (ten years)
 
 
@@ -50,17 +51,20 @@ def parent(value: str | None, detached: bool) -> str | None:
     if detached:
         require(value is None, "a detached run has no parent")
         return None
-    return current_run.get() if value is None else validate_id(value, "parent")
+    if value is not None:
+        return validate_id(value, "parent")
+    current = current_run.get()
+    return current.run_id if current is not None and not current.closed else None
 
 
 def run_metadata(value: dict[str, Any] | None) -> dict[str, Any] | None:
     if value is None:
         return None
-    if not isinstance(value, dict):
-        raise InvalidArgument("metadata must be a dict")
+    if not isinstance(value, dict) or not all(isinstance(key, str) for key in value):
+        raise InvalidArgument("metadata must be a dict with string keys")
     try:
         size = len(json.dumps(value))
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, RecursionError) as exc:
         raise InvalidArgument(f"metadata must be JSON-serialisable: {exc}") from None
     require(size <= MAX_METADATA_BYTES, "metadata must be at most 16 KiB as JSON")
     return value
@@ -96,9 +100,29 @@ def text(value: str | None, what: str, limit: int = MAX_TEXT) -> str | None:
 
 def timeout(value: float) -> float:
     require(
-        isinstance(value, int | float) and 0 < value <= MAX_TIMEOUT,
+        _number(value) and 0 < value <= MAX_TIMEOUT,
         f"timeout must be between 0 and {MAX_TIMEOUT:.0f} seconds",
     )
+    return value
+
+
+def poll(value: float) -> float:
+    """How long a follower's read waits for news: under the client's socket timeout."""
+    require(
+        isinstance(value, int | float)
+        and not isinstance(value, bool)
+        and 0.01 <= value <= MAX_POLL,
+        f"poll must be between 0.01 and {MAX_POLL:g} seconds",
+    )
+    return value
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def flag(value: bool, what: str) -> bool:
+    require(isinstance(value, bool), f"{what} must be True or False")
     return value
 
 

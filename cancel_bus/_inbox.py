@@ -130,6 +130,7 @@ class Inbox:
         backoff = 0.05
         try:
             while not self._stopped:
+                raise_if_cancelling()  # a cancellation redis-py swallowed ends the loop too
                 try:
                     await self._subscription(channel)
                 except Exception as exc:  # the subscriber must outlive any failure
@@ -238,6 +239,7 @@ class Inbox:
 
     async def probe_forever(self) -> None:
         while self._lifecycle.active and not self._stopped:
+            raise_if_cancelling()  # a cancellation redis-py swallowed ends the loop too
             try:
                 await self.probe()
             except Exception:  # the probe must outlive any failure
@@ -247,6 +249,7 @@ class Inbox:
 
     async def _rest(self, seconds: float) -> None:
         """Sleep ``seconds``, or until the inbox is stopped."""
+        raise_if_cancelling()  # a cancellation swallowed by the work before the rest
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._stop.wait(), seconds)
 
@@ -284,6 +287,7 @@ class Inbox:
 
     async def sweep_forever(self) -> None:
         while self._lifecycle.active and not self._stopped:
+            raise_if_cancelling()  # a cancellation redis-py swallowed ends the loop too
             await self._rest(self._sweep_interval)
             if self._stopped:
                 return

@@ -121,6 +121,7 @@ class Lease:
         retry = RETRY_FIRST
         due = time.monotonic() + self.interval
         while not self._stopped:
+            raise_if_cancelling()  # a cancellation redis-py swallowed ends the loop too
             await asyncio.sleep(max(0.0, due - time.monotonic()))
             renewed = self._last_renewed
             try:

@@ -76,6 +76,7 @@ class LocalRuns:
         self._empty.set()
         self._early: TimedMap[str, CancelRequest] = TimedMap(EARLY_CANCEL_SECONDS, 10_000)
         self.starting = 0  # starts sent to Redis, not answered yet
+        self._claiming: set[str] = set()  # their run ids
         self.finishing = 0  # finishes of runs still in the table, not answered yet
         self._ends: ChunkedQueue[tuple[RunState, Ending]] = ChunkedQueue(self._end)
 
@@ -168,14 +169,19 @@ class LocalRuns:
 
     async def start_run(self, spec: RunSpec) -> RunHandle:
         self._lifecycle.require_open(accepting=True)
+        if spec.run_id in self._runs or spec.run_id in self._claiming:
+            # Redis would take this node's second start of the id for a retried first one
+            raise RunExists(spec.run_id, "running")
         node_id, epoch = self._lease.node_id, self._lease.epoch
         self.starting += 1
+        self._claiming.add(spec.run_id)
         try:
             code, fields, detail = await self._store.start_run(
                 spec.run_id, node_id, epoch, spec.session, spec.metadata, spec.relay, spec.parent
             )
         finally:
             self.starting -= 1
+            self._claiming.discard(spec.run_id)
         if code == "fenced":
             raise Fenced(f"node {node_id} has lost its lease")
         if code == "missing":

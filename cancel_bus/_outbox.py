@@ -67,6 +67,7 @@ class Outbox:
         self._stopped = False  # a bus that failed to start may start again
         interval = self._retry_interval
         while not self._stopped:
+            raise_if_cancelling()  # a cancellation redis-py swallowed ends the loop too
             await self._wake.wait()
             if await self.flush():
                 self._wake.clear()

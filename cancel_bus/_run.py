@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 from types import TracebackType
 from typing import Any, NoReturn, Protocol
 
-from ._errors import RunCancelled, RunEnded
+from ._errors import InvalidArgument, RunCancelled, RunEnded
 from ._types import CancelMode, CancelRequest, RunInfo, RunStatus, StopCause
 
 log = logging.getLogger("cancel_bus")
@@ -46,8 +46,10 @@ class RunOwner(Protocol):
 
 
 # The run whose code is executing (set by its scope, seen by the tasks its code starts): a run
-# started there is its child, unless told otherwise.
-current_run: ContextVar[str | None] = ContextVar("cancel_bus_current_run", default=None)
+# started there is its child, unless told otherwise — while it has not ended (a scope exited
+# from another task cannot reset this task's context).
+current_run: ContextVar[RunState | None] = ContextVar("cancel_bus_current_run", default=None)
+MAX_LABEL = 200  # characters of a phase or an event type
 
 
 @dataclass(frozen=True, slots=True)
@@ -448,6 +450,8 @@ class RunHandle:
 
     def emit(self, text: str) -> None:
         """Append output; it is kept as partial output if the run is cancelled."""
+        if not isinstance(text, str):
+            raise InvalidArgument(f"emit takes a string, not {type(text).__name__}")
         if self._state.closed:
             self._leaked("emit")
             return
@@ -457,6 +461,10 @@ class RunHandle:
 
     def emit_event(self, event_type: str, data: dict[str, Any]) -> None:
         """Relay an application event (a tool call, a tool result...) to followers of the run."""
+        if not (isinstance(event_type, str) and 0 < len(event_type) <= MAX_LABEL):
+            raise InvalidArgument(f"an event type is a string of 1 to {MAX_LABEL} characters")
+        if not isinstance(data, dict):
+            raise InvalidArgument(f"an event's data is a dict, not {type(data).__name__}")
         if self._state.closed:
             self._leaked("emit_event")
         elif self._state.relay:
@@ -476,6 +484,10 @@ class RunHandle:
 
     @phase.setter
     def phase(self, value: str | None) -> None:
+        if value is not None and not (isinstance(value, str) and len(value) <= MAX_LABEL):
+            raise InvalidArgument(
+                f"a run's phase is None or a string of at most {MAX_LABEL} characters"
+            )
         state = self._state
         if state.closed:
             self._leaked("phase")
@@ -516,7 +528,11 @@ class RunHandle:
 
     def _relay(self, event_type: str, data: dict[str, Any]) -> None:
         at = f"{self._owner.clock():.6f}"
-        self._state.pending_relay.append((event_type, at, json.dumps(data, separators=(",", ":"))))
+        try:
+            body = json.dumps(data, separators=(",", ":"))
+        except (TypeError, ValueError, RecursionError) as exc:
+            raise InvalidArgument(f"an event's data must be JSON: {exc}") from None
+        self._state.pending_relay.append((event_type, at, body))
         self._owner.run_changed(self._state)
 
 
@@ -552,7 +568,7 @@ class RunScope:
         self._owner = owner
         self._spec = spec
         self._handle: RunHandle | None = None
-        self._current: Token[str | None] | None = None
+        self._current: Token[RunState | None] | None = None
 
     async def __aenter__(self) -> RunHandle:
         handle = await self._owner.start_run(self._spec)
@@ -563,7 +579,7 @@ class RunScope:
             state.last_checkpoint = time.perf_counter()
             state.last_site = f"{frame.f_code.co_filename}:{frame.f_lineno}"
         self._handle = handle
-        self._current = current_run.set(handle.run_id)
+        self._current = current_run.set(handle._state)
         return handle
 
     async def __aexit__(

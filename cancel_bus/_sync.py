@@ -77,6 +77,7 @@ class RunSync:
     async def run_forever(self) -> None:
         self._stopped = False  # a bus that failed to start may start again
         while not self._stopped:
+            raise_if_cancelling()  # a cancellation redis-py swallowed ends the loop too
             await self._wake.wait()
             self._wake.clear()
             if self._linger is not None:
