@@ -214,7 +214,17 @@ class LocalRuns:
 
     def finish_run(self, state: RunState, ending: Ending) -> Settling:
         """Queue the run's end (see the module's docstring); the future settles once it is
-        recorded, refused, or deferred to the outbox."""
+        recorded, refused, or deferred to the outbox. A run whose code outlived its bus's close
+        writes nothing (the close recorded how it stopped; the clients are closed)."""
+        if self._lifecycle.phase == "closed":
+            log.warning(
+                "cancel-bus: run %s ended after its bus closed: the end is not recorded (the "
+                "record says how the close stopped it)",
+                state.run_id,
+            )
+            done = Settling(loop=asyncio.get_running_loop())
+            done.set_result(None)
+            return done
         return self._ends.put((state, ending))
 
     async def _end(self, ends: list[tuple[RunState, Ending]]) -> list[BaseException | None]:

@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+import redis.asyncio as aioredis
 
 from cancel_bus import InvalidArgument, RunExists, RunStatus
 from cancel_bus._store import RunStore
@@ -142,3 +143,27 @@ async def test_a_probe_loop_whose_cancellation_was_swallowed_ends_with_its_task(
     probing.cancel()
     done, _ = await asyncio.wait({probing}, timeout=2.0)  # not a probe interval later, or never
     assert probing in done
+
+
+async def test_a_run_that_outlives_its_bus_close_writes_nothing_and_opens_nothing(
+    make_bus: BusFactory, raw_redis: aioredis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    bus = await make_bus()
+    started, stubborn_end = asyncio.Event(), asyncio.Event()
+
+    async def stubborn() -> None:
+        async with bus.run("stubborn"):
+            started.set()
+            while not stubborn_end.is_set():  # its code ignores the cancel for a while
+                with contextlib.suppress(asyncio.CancelledError):
+                    await stubborn_end.wait()
+
+    task = asyncio.create_task(stubborn())
+    await asyncio.wait_for(started.wait(), WAIT)
+    name = f"cancel-bus.{bus.node_id}"
+    await bus.close(cancel_timeout=0.2)  # its wait for the run ends first
+    stubborn_end.set()
+    await asyncio.wait_for(task, WAIT)
+    clients = await raw_redis.client_list()
+    assert not [c for c in clients if c["name"] == name], clients  # no connection reopened
+    assert any("ended after its bus closed" in r.getMessage() for r in caplog.records)
