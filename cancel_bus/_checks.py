@@ -109,9 +109,7 @@ def timeout(value: float) -> float:
 def poll(value: float) -> float:
     """How long a follower's read waits for news: under the client's socket timeout."""
     require(
-        isinstance(value, int | float)
-        and not isinstance(value, bool)
-        and 0.01 <= value <= MAX_POLL,
+        _number(value) and 0.01 <= value <= MAX_POLL,
         f"poll must be between 0.01 and {MAX_POLL:g} seconds",
     )
     return value

@@ -239,7 +239,6 @@ class Inbox:
 
     async def probe_forever(self) -> None:
         while self._lifecycle.active and not self._stopped:
-            raise_if_cancelling()  # a cancellation redis-py swallowed ends the loop too
             try:
                 await self.probe()
             except Exception:  # the probe must outlive any failure
@@ -249,7 +248,7 @@ class Inbox:
 
     async def _rest(self, seconds: float) -> None:
         """Sleep ``seconds``, or until the inbox is stopped."""
-        raise_if_cancelling()  # a cancellation swallowed by the work before the rest
+        raise_if_cancelling()  # a cancellation redis-py swallowed in the work ends the loop here
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._stop.wait(), seconds)
 
@@ -287,7 +286,6 @@ class Inbox:
 
     async def sweep_forever(self) -> None:
         while self._lifecycle.active and not self._stopped:
-            raise_if_cancelling()  # a cancellation redis-py swallowed ends the loop too
             await self._rest(self._sweep_interval)
             if self._stopped:
                 return
