@@ -2,25 +2,27 @@
 # The cancel-bus node image: `cancel-bus serve` on a slim Python, as a non-root user, ready for a
 # read-only root filesystem (only /tmp needs to be writable; the Helm chart mounts an emptyDir).
 #
-# The install step is the one CI runs (scripts/_venv.sh: `python -m pip install --upgrade pip`,
-# then `python -m pip install ".[node]"` into a virtualenv), minus the editable flag and the
-# test extra: the image holds the package and the dependency resolution CI tested, nothing
-# else. Not built on the project's machines (they have no Docker engine); see docs/deploy.md,
+# The install step is the one CI runs (scripts/_venv.sh: uv, bootstrapped from PyPI by the hashes
+# uv.lock pins, then `uv sync --locked` into a virtualenv), minus the editable flag, the tools and
+# the test extras: the image holds the package and exactly the versions CI tested, nothing else.
+# Not built on the project's machines (they have no Docker engine); see docs/deploy.md,
 # "What is not verified".
 #   docker build -t cancel-bus:0.1.0 .
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 
 # -- build: a virtualenv with the package and its dependencies (wheels; no compiler needed) ------
 FROM ${PYTHON_IMAGE} AS build
-ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1
+ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1 UV_NO_CACHE=1 UV_PYTHON_DOWNLOADS=never
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml uv.lock README.md ./
+COPY scripts/locked_uv.py ./scripts/
 COPY cancel_bus ./cancel_bus
 COPY node ./node
-RUN python -m venv /opt/cancel-bus \
-    && /opt/cancel-bus/bin/python -m pip install --quiet --upgrade pip \
-    && /opt/cancel-bus/bin/python -m pip install --quiet ".[node]" \
-    && /opt/cancel-bus/bin/python -m pip uninstall --quiet --yes pip
+RUN python -m venv /opt/uv \
+    && python scripts/locked_uv.py > /tmp/uv.txt \
+    && /opt/uv/bin/python -m pip install --quiet --no-deps --require-hashes -r /tmp/uv.txt \
+    && python -m venv --without-pip /opt/cancel-bus \
+    && UV_PROJECT_ENVIRONMENT=/opt/cancel-bus /opt/uv/bin/uv sync --locked --quiet --extra node --no-dev --no-editable
 
 # -- runtime: the virtualenv only; no pip in it, no build tools, no sources ----------------------
 FROM ${PYTHON_IMAGE}

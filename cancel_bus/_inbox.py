@@ -160,7 +160,7 @@ class Inbox:
             await self._listen(pubsub)
         finally:
             with contextlib.suppress(Exception):
-                await pubsub.aclose()  # type: ignore[no-untyped-call]
+                await pubsub.aclose()
             if dedicated:
                 with contextlib.suppress(Exception):
                     await client.aclose()

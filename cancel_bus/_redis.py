@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 from urllib.parse import parse_qsl, unquote, urlsplit
 
+import redis
 from redis.asyncio import BlockingConnectionPool, ConnectionPool, Redis
 from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.connection import URL_QUERY_ARGUMENT_PARSERS
@@ -62,6 +63,7 @@ _TEXT_OPTIONS = frozenset(
     }
 )  # fmt: skip
 _CERT_REQS = ("none", "optional", "required")
+CLUSTER_NEEDS = (8, 0)  # redis-py's asyncio PubSub has ssubscribe from 8.0 on
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,6 +159,7 @@ def _connect(
     if parts.password:
         options["password"] = unquote(parts.password)
     if kind == "cluster":
+        _require_sharded_pubsub()
         options.pop("health_check_interval")  # PubSub-style pings do not apply to a cluster
         nodes = [ClusterNode(host, port) for host, port in hosts]
         return Topology(RedisCluster(startup_nodes=nodes, **options), cluster=True)
@@ -169,8 +172,19 @@ def _connect(
         {key: value for key, value in options.items() if key.startswith("ssl")},
         socket_timeout=options["socket_timeout"],
     )  # the sentinels are reached like the data nodes: same TLS settings
-    sentinel = Sentinel(hosts, sentinel_kwargs=sentinel_options, **options)  # type: ignore[no-untyped-call]
+    sentinel = Sentinel(hosts, sentinel_kwargs=sentinel_options, **options)
     return Topology(sentinel.master_for(path[0], redis_class=Redis), cluster=False)
+
+
+def _require_sharded_pubsub(version: str | None = None) -> None:
+    """A Cluster's node channels are sharded (``SSUBSCRIBE``): redis-py 8.0 or later."""
+    version = version or redis.__version__
+    major_minor = tuple(int(part) for part in version.split(".")[:2] if part.isdigit())
+    if major_minor < CLUSTER_NEEDS:
+        raise InvalidArgument(
+            f"a redis+cluster URL needs redis-py {'.'.join(map(str, CLUSTER_NEEDS))} or later "
+            f"(sharded pub/sub in asyncio); installed: {version}"
+        )
 
 
 def _query_options(query: str) -> dict[str, Any]:

@@ -1,6 +1,6 @@
 """The Dockerfile and .dockerignore, read (no Docker engine here): the install step is CI's, the
-final stage is slim and non-root and runs what the chart runs, the build context holds what pip
-needs and nothing else."""
+final stage is slim and non-root and runs what the chart runs, the build context holds what the
+locked install needs and nothing else."""
 
 from __future__ import annotations
 
@@ -53,18 +53,24 @@ def test_multi_stage_slim_non_root_final_stage() -> None:
 
 
 def test_install_step_is_the_one_ci_runs() -> None:
-    """scripts/_venv.sh (what .ci/run uses): upgrade pip, then pip install the project."""
+    """scripts/_venv.sh (what .ci/run uses): uv bootstrapped by the hashes uv.lock pins, then
+    ``uv sync --locked``; the image does the same with what scripts/serve syncs, not editable
+    and without the tools."""
     ci = (REPO / "scripts" / "_venv.sh").read_text()
-    ci_steps = re.findall(r"bin/python\"? (-m pip install [^\n]*)", ci)
-    assert len(ci_steps) == 2, ci_steps
-    build = stages()[0]
-    runs = " ".join(arguments for kind, arguments in build if kind == "RUN")
-    image_steps = re.findall(r"/opt/cancel-bus/bin/python (-m pip install [^&]*?)\s*(?:&&|$)", runs)
-    expected = [
-        ci_steps[0],
-        re.sub(r' -e "[^"]*"', ' ".[node]"', ci_steps[1]),  # not editable, the node extra only
-    ]
-    assert image_steps == expected
+    assert re.search(r"scripts/locked_uv\.py", ci) and "--require-hashes" in ci
+    assert re.search(r'bin/uv" sync --locked ', ci)
+    serve = re.search(r"^ensure_venv (.*)$", (REPO / "scripts" / "serve").read_text(), re.M)
+    assert serve
+    runs = " ".join(arguments for kind, arguments in stages()[0] if kind == "RUN")
+    assert "python scripts/locked_uv.py" in runs and "--require-hashes" in runs
+    (image_sync,) = re.findall(r"uv sync ([^&]*?)\s*(?:&&|$)", runs)
+    expected = set(serve.group(1).split()) - {"--inexact"}
+    assert set(image_sync.split()) == expected | {
+        "--locked",
+        "--quiet",
+        "--no-dev",
+        "--no-editable",
+    }
 
 
 def test_entrypoint_is_what_the_chart_runs_and_healthcheck_is_the_liveness_route() -> None:
@@ -106,7 +112,7 @@ def test_build_context_holds_what_pip_needs_and_nothing_else() -> None:
     ).stdout.split()
     context = {path for path in listed if not _ignored(path, patterns)}
     project = tomllib.loads((REPO / "pyproject.toml").read_text())
-    needed = {"pyproject.toml", project["project"]["readme"]}
+    needed = {"pyproject.toml", "uv.lock", "scripts/locked_uv.py", project["project"]["readme"]}
     packages = {p.rstrip("*") for p in project["tool"]["setuptools"]["packages"]["find"]["include"]}
     needed |= {p for p in listed if p.split("/")[0] in packages and "__pycache__" not in p}
     assert needed <= context, f"missing from the build context: {needed - context}"

@@ -219,7 +219,8 @@ def _locked_sentinel(
     directory: Path, primary: EmbeddedServer, password: str, tls: dict[str, Any] | None = None
 ) -> _LockedSentinel:
     """One sentinel watching ``primary`` (quorum 1: enough to find the primary; failover is
-    tests/test_topologies.py's), wanting ``password``; TLS only, with ``tls`` (see _tls_args)."""
+    tests/library/test_topologies.py's), wanting ``password``; TLS only, with ``tls`` (see
+    _tls_args)."""
     port = free_port()
     lines = [f"port {0 if tls else port}", "bind 127.0.0.1", f"dir {directory}"]
     if tls:

@@ -1,0 +1,227 @@
+"""A paused Redis is not a dead node: stalls of the whole server (SIGSTOP, CLIENT PAUSE), the
+heartbeat's retries, the self-fence deadline, the subscriber's watchdog and a burst of ends — on
+real servers."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+import redis.asyncio as aioredis
+
+from cancel_bus import BusUnavailable, CancelBus, Outcome, RunStatus
+from node.embedded import EmbeddedServer
+
+from ..conftest import BusFactory
+from ..faultproxy import FaultProxy
+from ..helpers import WAIT, LoopingRun, eventually
+
+LEASE = 1.5
+
+
+@pytest.fixture
+async def own_client(own_server: EmbeddedServer) -> AsyncIterator[aioredis.Redis]:
+    client = aioredis.Redis.from_url(own_server.url, decode_responses=True)
+    yield client
+    await client.aclose()
+
+
+@pytest.fixture
+async def nodes(own_server: EmbeddedServer, namespace: str) -> AsyncIterator[list[CancelBus]]:
+    buses = [CancelBus(own_server.url, namespace=namespace, lease_ttl=LEASE) for _ in range(2)]
+    for bus in buses:
+        await bus.start()
+    yield buses
+    for bus in buses:
+        await bus.close(cancel_timeout=2)
+
+
+async def _stall(server: EmbeddedServer, client: aioredis.Redis, kind: str, seconds: float) -> None:
+    """Redis answers nobody for ``seconds`` (the sleeps are the fault's length)."""
+    if kind == "sigstop":
+        server.pause()
+        await asyncio.sleep(seconds)
+        server.resume()
+        return
+    await client.execute_command("CLIENT", "PAUSE", int(seconds * 1000), kind.rsplit("_", 1)[-1])
+    await asyncio.sleep(seconds)
+
+
+async def _server_time(client: aioredis.Redis) -> float:
+    seconds, micros = await client.time()
+    return float(seconds) + micros / 1e6
+
+
+async def _renewed_since(bus: CancelBus, observer: CancelBus, since: float) -> bool:
+    nodes = {node.node_id: node for node in await observer.list_nodes()}
+    node = nodes.get(bus.node_id)
+    return node is not None and node.last_heartbeat > since
+
+
+@pytest.mark.parametrize("kind", ["sigstop", "client_pause_all", "client_pause_write"])
+async def test_a_stall_longer_than_the_lease_stops_no_run_and_reaps_no_node(
+    own_server: EmbeddedServer, own_client: aioredis.Redis, nodes: list[CancelBus], kind: str
+) -> None:
+    a, b = nodes
+    incarnations = [(bus.node_id, bus.epoch) for bus in nodes]
+    runs = [await LoopingRun(bus).start() for bus in nodes]
+    await _stall(own_server, own_client, kind, 2 * LEASE)
+    resumed = await _server_time(own_client)
+    for bus in nodes:
+        await eventually(lambda bus=bus: _renewed_since(bus, a, resumed))  # type: ignore[misc]
+    for run in runs:
+        assert run.handle is not None and run.handle.cancel_requested is None
+        record = await a.get_run(run.run_id)
+        assert record is not None and record.status is RunStatus.RUNNING
+        assert record.cancel_requested_at is None
+    for bus in nodes:
+        assert (bus.stats.leases_lost, bus.stats.self_fences, bus.stats.runs_reaped) == (0, 0, 0)
+    assert [(bus.node_id, bus.epoch) for bus in nodes] == incarnations
+    for run, canceller in zip(runs, (b, a), strict=True):  # and the cancel path still works
+        result = await canceller.cancel(run.run_id, timeout=WAIT)
+        assert result.outcome is Outcome.CANCELLED
+        await run.done()
+
+
+async def test_past_the_self_fence_deadline_runs_stop_with_an_honest_reason(
+    own_server: EmbeddedServer, own_client: aioredis.Redis, namespace: str
+) -> None:
+    async with (
+        CancelBus(own_server.url, namespace=namespace, lease_ttl=1.0, self_fence_after=2.0) as a,
+        CancelBus(own_server.url, namespace=namespace, lease_ttl=1.0) as b,
+    ):
+        run = await LoopingRun(a).start()
+        own_server.pause()
+        try:
+            await run.done()  # stopped by its node: Redis has not answered for 2 s
+        finally:
+            own_server.resume()
+        assert run.handle is not None and run.handle.cancel_requested is not None
+        assert a.stats.self_fences == 1 and a.stats.leases_lost == 0
+
+        async def recorded() -> bool:
+            record = await b.get_run(run.run_id)
+            return record is not None and not record.is_active
+
+        await eventually(recorded)  # the deferred finish is written once Redis answers
+        record = await b.get_run(run.run_id)
+        assert record is not None and record.status is RunStatus.FAILED
+        assert record.end_reason == "redis_unreachable" and record.cancel_requested_at is None
+        again = await LoopingRun(a).start()  # the same incarnation goes on
+        assert (await b.cancel(again.run_id, timeout=WAIT)).outcome is Outcome.CANCELLED
+        await again.done()
+
+
+async def test_a_failed_heartbeat_is_retried_at_once(
+    make_bus: BusFactory, proxy: FaultProxy, raw_redis: aioredis.Redis
+) -> None:
+    lease = 3.0  # a heartbeat every second
+    a = await make_bus(url=proxy.url, lease_ttl=lease)
+    b = await make_bus(lease_ttl=lease)
+    before = await _server_time(raw_redis)
+    await eventually(lambda: _renewed_since(a, b, before), interval=0.005)
+    proxy.refuse()  # right after a beat: the next one, 1 s later, fails
+    await asyncio.sleep(1.3)
+    proxy.heal()
+    healed = await _server_time(raw_redis)
+    await eventually(lambda: _renewed_since(a, b, healed), timeout=lease)
+    renewed = {node.node_id: node.last_heartbeat for node in await b.list_nodes()}[a.node_id]
+    # retried with a backoff of at most a quarter interval, it lands right after the heal;
+    # waiting a whole interval after the failure would land 0.8 s after it
+    assert renewed - healed < 0.5
+    assert a.stats.leases_lost == 0
+
+
+async def test_a_busy_then_quiet_channel_keeps_its_subscriber(
+    make_bus: BusFactory, raw_redis: aioredis.Redis
+) -> None:
+    a = await make_bus(lease_ttl=0.9)  # the subscriber pings every 0.3 s
+    channel = a.keys.channel(a.node_id)
+    for _ in range(12):  # a message every 0.1 s for four ping intervals...
+        await raw_redis.publish(channel, "noise")
+        await asyncio.sleep(0.1)
+    await eventually(lambda: _rejected(a, 12))
+    await asyncio.sleep(1.2)  # ... then four quiet intervals: the pongs must keep it alive
+    assert a.pubsub_reconnects == 0 and a.ready
+
+
+async def test_a_burst_of_ends_is_written_without_starving_the_owner(
+    make_bus: BusFactory, raw_redis: aioredis.Redis
+) -> None:
+    runs = 2000
+    a = await make_bus(lease_ttl=1.5)
+    await make_bus(lease_ttl=1.5)  # a live reaper: the owner's lease runs on its beats too
+    a.redis.connection_pool.timeout = 0.2  # type: ignore[union-attr]  # waiting longer fails
+    gate = asyncio.Event()
+
+    async def one() -> None:
+        async with a.run():
+            await gate.wait()
+
+    tasks = [asyncio.create_task(one()) for _ in range(runs)]
+    await eventually(lambda: _holding(a, runs), timeout=60)
+    gate.set()  # every run ends in the same event-loop turn
+    await asyncio.wait_for(asyncio.gather(*tasks), 60)
+    assert a.stats.finishes_deferred == 0 and a.stats.leases_lost == 0
+    keys = a.keys
+    assert await raw_redis.zcard(keys.finished) == runs and await raw_redis.zcard(keys.active) == 0
+    for status in (RunStatus.FAILED, RunStatus.CANCELLED):
+        assert await a.list_runs(status=status) == []
+
+
+async def test_a_run_whose_exit_is_cancelled_ends_once_its_end_is_recorded(
+    own_server: EmbeddedServer, own_client: aioredis.Redis, namespace: str
+) -> None:
+    async with CancelBus(own_server.url, namespace=namespace, lease_ttl=6.0) as a:
+        leave, ids = asyncio.Event(), []
+
+        async def work() -> None:
+            async with a.run() as run:
+                ids.append(run.run_id)
+                await leave.wait()
+
+        task = asyncio.create_task(work())
+        await eventually(lambda: _holding(a, 1))
+        await own_client.execute_command("CLIENT", "PAUSE", 5000, "WRITE")  # the finish waits
+        try:
+            leave.set()
+            await eventually(lambda: _finishing(a))
+            task.cancel()  # e.g. the server shutting down, while the end is on its way
+            ended, _ = await asyncio.wait({task}, timeout=0.5)
+            assert not ended  # the exit waits for the record, cancelled or not...
+        finally:
+            await own_client.execute_command("CLIENT", "UNPAUSE")
+        with pytest.raises(asyncio.CancelledError):  # ... and is cancelled once it is written
+            await asyncio.wait_for(task, WAIT)
+        record = await a.get_run(ids[0])
+        assert record is not None and record.status is RunStatus.SUCCEEDED
+
+
+async def _finishing(bus: CancelBus) -> bool:
+    return bus._node.local.finishing > 0
+
+
+async def _rejected(bus: CancelBus, count: int) -> bool:
+    return bus.stats.messages_rejected >= count
+
+
+async def _holding(bus: CancelBus, count: int) -> bool:
+    return len(bus.local_runs()) >= count
+
+
+async def test_a_drain_that_cannot_record_its_cancels_still_records_them_with_the_finish(
+    make_bus: BusFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    a, b = await make_bus(), await make_bus()
+    run = await LoopingRun(a).start()
+
+    async def unavailable(*args: object, **kwargs: object) -> None:
+        raise BusUnavailable("no answer from Redis within the timeout")
+
+    monkeypatch.setattr(a, "cancel", unavailable)  # the drain's own cancel request fails
+    await a.close(cancel_timeout=WAIT)
+    await run.done()
+    record = await b.get_run(run.run_id)
+    assert record is not None and record.status is RunStatus.CANCELLED
+    assert record.cancel_reason == "node_shutdown" and record.requested_by == a.node_id
