@@ -4,6 +4,7 @@ from ._bus import CancelBus
 from ._checks import MAX_RETENTION
 from ._errors import (
     BusClosed,
+    BusMisconfigured,
     BusUnavailable,
     CancelBusError,
     Fenced,
@@ -36,6 +37,7 @@ from ._version import VERSION as __version__
 
 __all__ = [
     "BusClosed",
+    "BusMisconfigured",
     "BusStats",
     "BusUnavailable",
     "CancelBus",

@@ -31,7 +31,8 @@ from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 from redis.commands.core import AsyncScript
 
-from ._errors import BusUnavailable
+from ._duties import Spawn
+from ._errors import BusClosed, BusUnavailable
 
 MAX_CALLS = 128
 MAX_BYTES = 256 * 1024
@@ -55,12 +56,14 @@ class _Call:
 
 
 class ScriptBatcher:
-    def __init__(self, redis: Redis | RedisCluster, scripts: dict[str, str]) -> None:
+    """``spawn`` starts a batch's send as the node's background work (its owner stops them)."""
+
+    def __init__(self, redis: Redis | RedisCluster, scripts: dict[str, str], spawn: Spawn) -> None:
         self._scripts: dict[str, AsyncScript] = {
             name: redis.register_script(text) for name, text in scripts.items()
         }
+        self._spawn = spawn
         self._pending: dict[str, deque[_Call]] = {}
-        self._sending: set[asyncio.Task[None]] = set()
         self._in_flight = 0
         self._flush_scheduled = False
         self.heard = 0.0  # loop time Redis last answered a batch
@@ -115,13 +118,15 @@ class ScriptBatcher:
                 self._send_soon(self._scripts[name], batch)
 
     def _send_soon(self, script: AsyncScript, batch: list[_Call]) -> None:
+        try:
+            task = self._spawn("a batch of script calls", self._send(script, batch))
+        except BusClosed as exc:  # the node's background work is stopped: nothing leaves
+            _fail(batch, exc)
+            return
         self._in_flight += 1
-        task = asyncio.create_task(self._send(script, batch))
-        self._sending.add(task)
         task.add_done_callback(self._sent)
 
     def _sent(self, task: asyncio.Task[None]) -> None:
-        self._sending.discard(task)
         self._in_flight -= 1
         self._schedule_flush()
 

@@ -11,7 +11,6 @@ finish notice.
 
 from __future__ import annotations
 
-import asyncio
 import functools
 from collections.abc import AsyncIterator, Sequence
 from types import TracebackType
@@ -27,6 +26,7 @@ from ._messages import run_target, session_target
 from ._node import Node
 from ._redis import within
 from ._run import RunHandle, RunScope, RunSpec
+from ._store import CancelOrder
 from ._types import (
     BusStats,
     CancelMode,
@@ -63,6 +63,7 @@ class CancelBus:
         self_fence_after: float | None = None,
         max_output_chars: int = 1_000_000,
         profile_checkpoints: bool = False,
+        accept_eviction: bool = False,
         version: str = VERSION,
     ) -> None:
         """``signing_key`` seals every bus message; ``verification_keys`` are accepted too (key
@@ -70,7 +71,9 @@ class CancelBus:
         node stops its runs (``redis_unreachable``); default ``max(60, 3 * lease_ttl)``.
         ``profile_checkpoints``: record, per run and code site, the longest stretch between
         checkpoints (``RunInfo.slowest_checkpoints``) — where a run cannot be cancelled
-        promptly; it costs a little on every checkpoint."""
+        promptly; it costs a little on every checkpoint. ``accept_eviction``: start on a Redis
+        whose ``maxmemory-policy`` may evict keys (refused otherwise: it would drop live runs);
+        the risk is then one of :attr:`warnings`."""
         self.keys = KeySpace(namespace)
         if node_id is not None:
             validate_id(node_id, "node_id")
@@ -92,6 +95,7 @@ class CancelBus:
             self_fence_after=fence_after,
             max_output_chars=max_output_chars,
             profile_checkpoints=profile_checkpoints,
+            accept_eviction=accept_eviction,
             version=version,
         )
         self._store, self._lifecycle = self._node.store, self._node.lifecycle
@@ -125,6 +129,11 @@ class CancelBus:
     def problems(self) -> list[str]:
         """Why the node is not ready, in words (empty: ready)."""
         return self._node.problems()
+
+    @property
+    def warnings(self) -> list[str]:
+        """Risks the node runs with that its settings accepted (it stays ready), in words."""
+        return self._node.warnings()
 
     @property
     def draining(self) -> bool:
@@ -362,6 +371,11 @@ class CancelBus:
         self._lifecycle.require_open()
         return await self._store.list_nodes(self.clock())
 
+    async def ping(self, timeout: float = 1.0) -> None:
+        """Whether Redis answers now: returns, or raises :class:`BusUnavailable` (or
+        :class:`BusMisconfigured`: it refuses this node's user)."""
+        await within(check.timeout(timeout), self._store.ping())
+
     async def events(self, run_id: str) -> list[RunEvent]:
         """The run's lifecycle events, oldest first (empty once retention has passed)."""
         validate_id(run_id, "run_id")
@@ -396,18 +410,7 @@ class CancelBus:
     ) -> CancelResult:
         checked_mode, checked_cause = check.request(mode, cause, reason, requested_by, timeout)
         self._lifecycle.require_open()
-        deadline = asyncio.get_running_loop().time() + timeout
-        request = self._store.request_cancel(
-            run_id=run_id,
-            session=session,
-            target=target,
-            mode=checked_mode,
-            reason=reason,
-            requested_by=requested_by,
-            cause=checked_cause,
-            waiter=self.node_id if wait else "",
-            caller=self.node_id,
-            tree=descendants,
+        order = CancelOrder(
+            target, run_id, session, checked_mode, reason, requested_by, checked_cause, descendants
         )
-        answer = await within(timeout, request, "; the cancel may not be recorded")
-        return await self._node.caller.settle(answer, target, wait, deadline)
+        return await self._node.caller.cancel(order, wait, timeout)

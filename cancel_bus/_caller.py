@@ -1,9 +1,12 @@
-"""The caller's side of a cancel: what Redis's answer becomes, and waiting for runs to end.
+"""The caller's side of a cancel, from request to answer, and waiting for runs to end.
 
-A cancel this node had recorded is kept for recovery (recorded again if Redis loses it) and,
-when its run is here, delivered at once (the owner was not sent a message). With ``wait``, each
-stopping run of the answer is waited for until it ends or the deadline; a tree answers
-``cancelled`` only once all of it has stopped.
+The request goes to Redis (``request_cancel``). An unknown run while Redis has lately lost the
+namespace's data is asked about again until its owner has re-asserted it, or the timeout: then
+the answer is not known (:class:`BusUnavailable`), never a false ``not_found``. A cancel this
+node had recorded is kept for recovery (recorded again if Redis loses it) and, when its run is
+here, delivered at once (the owner was not sent a message). With ``wait``, each stopping run of
+the answer is waited for until it ends or the deadline; a tree answers ``cancelled`` only once
+all of it has stopped.
 """
 
 from __future__ import annotations
@@ -12,14 +15,18 @@ import asyncio
 import logging
 from collections.abc import Callable
 
+from ._errors import BusUnavailable
 from ._local import Delivery, LocalRuns
 from ._recovery import Recovery
 from ._redis import within
-from ._store import CancelAnswer, RunStore
+from ._store import CancelAnswer, CancelOrder, RunStore
 from ._types import BusStats, CancelResult, Outcome, RunInfo, RunStatus
 from ._waiters import Waiters
 
 log = logging.getLogger("cancel_bus")
+
+RECOVERING_FIRST = 0.05  # seconds before asking again about a run Redis may have lost; doubles
+RECOVERING_MOST = 0.5  # ... up to this
 
 
 class CallerSide:
@@ -39,6 +46,28 @@ class CallerSide:
         self._recovery = recovery
         self._waiters = waiters
         self._stats = stats
+
+    async def cancel(self, order: CancelOrder, wait: bool, timeout: float) -> CancelResult:
+        """Record the cancel, then wait (``wait``) for its runs to end within ``timeout``."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        pause = RECOVERING_FIRST
+        while True:
+            request = self._store.request_cancel(
+                order, waiter=self._node_id() if wait else "", caller=self._node_id()
+            )
+            answer = await within(
+                max(0.0, deadline - loop.time()), request, "; the cancel may not be recorded"
+            )
+            if answer.code != "recovering":
+                return await self.settle(answer, order.target, wait, deadline)
+            if loop.time() + pause >= deadline:
+                raise BusUnavailable(
+                    "Redis lost the namespace's data lately and the run's owner has not "
+                    "re-asserted it within the timeout: whether it exists is not known yet"
+                )
+            await asyncio.sleep(pause)
+            pause = min(2 * pause, RECOVERING_MOST)
 
     async def settle(
         self, answer: CancelAnswer, target: str, wait: bool, deadline: float

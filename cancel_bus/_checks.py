@@ -146,14 +146,15 @@ def settings(
     max_output_chars: int,
     self_fence_after: float | None,
 ) -> float:
-    """A bus's settings, checked; -> the self-fence deadline (default ``max(60, 3 leases)``)."""
+    """A bus's settings, checked; -> the self-fence deadline (default: the lease; the lease
+    itself stops the runs a margin before it could run out, whatever this says)."""
     require(0.3 <= lease_ttl <= MAX_TIMEOUT, "lease_ttl must be 0.3 to 3600 seconds")
     require(1 <= retention <= MAX_RETENTION, "retention must be 1 second to 10 years")
     require(sweep_interval > 0, "sweep_interval must be positive")
     require(max_output_chars >= 0, "max_output_chars must not be negative")
     if self_fence_after is None:
-        return max(60.0, 3 * lease_ttl)
-    require(self_fence_after >= lease_ttl, "self_fence_after must be at least lease_ttl")
+        return lease_ttl
+    require(0 < self_fence_after <= MAX_TIMEOUT, "self_fence_after must be 0 to 3600 seconds")
     return self_fence_after
 
 

@@ -15,6 +15,9 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Generic, TypeVar
 
+from ._duties import Spawn
+from ._errors import BusClosed
+
 Item = TypeVar("Item")
 
 
@@ -42,11 +45,13 @@ class ChunkedQueue(Generic[Item]):
     def __init__(
         self,
         do: Callable[[list[Item]], Awaitable[Outcomes]],
+        spawn: Spawn,
         *,
         chunk_size: int = 128,
         max_chunks: int = 8,
     ) -> None:
         self._do = do
+        self._spawn = spawn
         self._chunk_size = chunk_size
         self._max_chunks = max_chunks
         self._queue: deque[tuple[Item, Settling]] = deque()
@@ -73,7 +78,12 @@ class ChunkedQueue(Generic[Item]):
         while self._queue and len(self._chunks) < self._max_chunks:
             count = min(self._chunk_size, len(self._queue))
             chunk = [self._queue.popleft() for _ in range(count)]
-            task = asyncio.create_task(self._work(chunk))
+            try:
+                task = self._spawn("a chunk of run ends", self._work(chunk))
+            except BusClosed:  # the node is closed: these ends are not written
+                for _, done in chunk:
+                    done.abandon()
+                continue
             self._chunks.add(task)
             task.add_done_callback(self._chunk_done)
 

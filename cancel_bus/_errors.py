@@ -1,7 +1,11 @@
 """All errors of cancel-bus.
 
     CancelBusError
-     ├── BusUnavailable       Redis unreachable after bounded retries; nothing half-written
+     ├── BusUnavailable       Redis cannot serve the call now (unreachable, out of memory, loading,
+     │    │                   busy, read-only after a failover...); nothing half-written
+     │    └── BusMisconfigured  Redis refuses it for a reason a retry does not fix: access (NOPERM,
+     │                        NOAUTH, WRONGPASS), a disabled command, a server too old, an eviction
+     │                        policy that would drop live runs
      ├── BusClosed            the bus is not started, or already closed
      ├── RunCancelled         raised inside a run at a checkpoint; the run scope records it
      ├── RunEnded             a call on a run whose scope has exited (a leak, recorded)
@@ -13,7 +17,8 @@
      └── InvalidArgument      bad input, rejected before touching Redis (also a ValueError)
           └── InvalidId       an id or namespace that is unsafe to put in a key
 
-Errors of the layer below (``redis.exceptions``) are translated in ``_redis.py`` only.
+Errors of the layer below (``redis.exceptions``) are translated in ``_redis.py`` only, each by its
+class: unavailable, misconfigured, or a defect (a plain :class:`CancelBusError`).
 """
 
 from __future__ import annotations
@@ -29,7 +34,17 @@ class CancelBusError(Exception):
 
 
 class BusUnavailable(CancelBusError):
-    """Redis could not be reached (after retries) or did not answer in time."""
+    """Redis could not be reached (after retries), did not answer in time, or refused the call
+    for now (``code``: Redis's error reply code, e.g. ``OOM``, ``LOADING``, if it gave one)."""
+
+    def __init__(self, message: str, code: str | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class BusMisconfigured(BusUnavailable):
+    """Redis refuses the call until an operator acts (access, a command, the server's version or
+    settings). Still unavailability: what waits for Redis (a run's end) keeps waiting."""
 
 
 class BusClosed(CancelBusError):

@@ -3,13 +3,17 @@
 * The subscription: one connection to the node's own channel (on a cluster, to whichever primary
   serves its slot now), a fresh one at every (re)subscribe. Anything the server sends proves the
   connection alive; a ping goes out every interval whatever else arrives, and a connection that
-  stops answering is dropped and re-made: a silently dead subscriber must not look healthy.
+  stops answering is dropped and re-made: a silently dead subscriber must not look healthy. A
+  turn of this node's own event loop that came late (the loop was blocked) proves nothing about
+  Redis: the silence is counted from then, and a ping goes out at once.
 * Each message is acted on only if it is sealed (on a signed bus), fresh, unseen, and addressed
   to this incarnation; every one dropped is counted by why. A cancel sets its run's token (or
   waits for the run's start); a finish notice answers the local callers waiting for the run.
-* Pub/sub replays nothing after a reconnect: the sweep — after every subscribe confirmation and
-  every ``sweep_interval`` — delivers every cancel pending on this node's runs and answers the
-  waiters whose run has ended, from the stored state.
+* Pub/sub replays nothing after a reconnect: the sweep — after every subscribe confirmation,
+  before the next message is awaited, and every ``sweep_interval`` — delivers every cancel
+  pending on this node's runs and answers the waiters whose run has ended, from the stored
+  state. Every confirmation after the first (ours, or redis-py's own resubscribe after it
+  reconnected) counts as a reconnect.
 * The path proves itself: every probe interval the node sends a probe to its own channel,
   through Redis. One that has not come back by the next is a failure: the node is not ready
   (``problem``), whatever its connection looks like — a subscriber on the wrong server, a
@@ -21,12 +25,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import os
 import time
 from typing import Any
 
 from redis.exceptions import RedisError
 
+from ._duties import Duty
 from ._errors import BusUnavailable, CancelBusError
 from ._lease import Lease
 from ._local import Delivery, LocalRuns
@@ -39,8 +45,7 @@ from ._messages import (
     decode,
     parse_message,
 )
-from ._redis import Topology, is_closed_transport, raise_if_cancelling
-from ._state import Lifecycle
+from ._redis import Topology, backoff, is_closed_transport, raise_if_cancelling
 from ._store import RunStore
 from ._types import BusStats
 from ._waiters import Waiters
@@ -63,7 +68,6 @@ class Inbox:
         signer: MessageSigner,
         local: LocalRuns,
         waiters: Waiters,
-        lifecycle: Lifecycle,
         stats: BusStats,
         sweep_interval: float,
     ) -> None:
@@ -73,81 +77,83 @@ class Inbox:
         self._signer = signer
         self._local = local
         self._waiters = waiters
-        self._lifecycle = lifecycle
         self._stats = stats
         self._sweep_interval = sweep_interval
         self._ping_interval = min(5.0, lease.interval)
         self.probe_interval = self._ping_interval
         self._probe: tuple[str, float] | None = None  # (nonce, sent at: monotonic) on its way
         self.probe_back: tuple[float, float] | None = None  # (server time, latency s) of the last
+        self.probes_back = 0
         self._probe_failed_at: float | None = None
-        self._task: asyncio.Task[None] | None = None
+        self._channel: str | None = None  # the channel to listen on (None: none)
+        self._moved = asyncio.Event()  # the channel changed: the subscription ends
+        self._wake = asyncio.Event()  # there is a channel to subscribe to
         self._subscribed = asyncio.Event()
-        self._sweeps: set[asyncio.Task[None]] = set()
-        self._stopped = False
-        self._stop = asyncio.Event()  # set with _stopped: it ends the loops' rests at once
+        self._confirmed = False  # a subscription of this node was confirmed once
         self.connected = False
         self.reconnects = 0
+
+    def subscription_duty(self) -> Duty:
+        """Subscribe and listen: again at once after a subscription that worked, else after a
+        backoff; resting while there is no channel to listen on."""
+        return Duty(
+            "subscription", self.subscription, lambda: math.inf, backoff(0.05, 2.0), self._wake
+        )
+
+    def duties(self) -> list[Duty]:
+        """The probe of the node's own channel, and the sweep."""
+        return [
+            Duty("probe", self.probe, lambda: self.probe_interval, backoff(0.1, 5.0)),
+            Duty(
+                "sweep",
+                self.sweep,
+                lambda: self._sweep_interval,
+                backoff(0.1, self._sweep_interval),
+                at_once=False,
+            ),
+        ]
 
     # -- the subscription ---------------------------------------------------------------------
 
     async def subscribe(self, timeout: float) -> None:
         """(Re)subscribe to this node's channel (after a new node id, afresh) and wait until
         the subscription is confirmed."""
-        await self.unsubscribe()
-        self._stopped = False
-        self._stop.clear()
         self._subscribed = asyncio.Event()
-        channel = self._store.keys.channel(self._lease.node_id)
-        self._task = asyncio.create_task(self._subscribe_forever(channel))
+        self._channel = self._store.keys.channel(self._lease.node_id)
+        self._moved.set()  # a subscription to another channel ends
+        self._wake.set()
         try:
             await asyncio.wait_for(self._subscribed.wait(), timeout)
         except TimeoutError as exc:
             raise BusUnavailable("could not subscribe to the node channel") from exc
 
-    def stop(self) -> None:
-        """End the loops at their next turn (even if a cancellation was swallowed): a loop at
-        rest ends at once."""
-        self._stopped = True
-        self._stop.set()
+    def unsubscribe(self) -> None:
+        """Stop listening (until :meth:`subscribe`)."""
+        self._channel = None
+        self._moved.set()
 
-    @property
-    def tasks(self) -> list[asyncio.Task[None]]:
-        """The subscription's loop and the sweeps it started (the bus awaits them at close)."""
-        return [*([self._task] if self._task is not None else []), *self._sweeps]
-
-    async def unsubscribe(self) -> None:
-        """End the subscription (and its loop); :meth:`subscribe` starts a new one."""
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
-
-    async def _subscribe_forever(self, channel: str) -> None:
-        """Subscribe, listen until the subscription breaks, start again: a fresh connection
-        each time. A subscription that worked is retried at once; failing attempts back off."""
-        backoff = 0.05
+    async def subscription(self) -> float:
+        """The subscription duty's turn: subscribe and listen until the subscription breaks or
+        the channel changes (a fresh connection each time); -> 0: again at once when it had
+        worked, ``inf`` without a channel. Raises when it could not subscribe (backoff)."""
+        channel = self._channel
+        if channel is None:
+            return math.inf
+        self._moved.clear()
         try:
-            while not self._stopped:
-                raise_if_cancelling()  # a cancellation redis-py swallowed ends the loop too
-                try:
-                    await self._subscription(channel)
-                except Exception as exc:  # the subscriber must outlive any failure
-                    raise_if_cancelling()
-                    known = isinstance(exc, RedisError | OSError | CancelBusError)
-                    if not known and not is_closed_transport(exc):
-                        log.exception("cancel-bus: unexpected error in the subscriber loop")
-                    elif self.connected:
-                        log.warning("cancel-bus: subscriber connection lost: %s", exc)
-                backoff = 0.05 if self.connected else min(backoff * 2, 2.0)
-                self.connected = False
-                self.reconnects += 1
-                await asyncio.sleep(backoff)
+            await self._subscription(channel)
+        except Exception as exc:
+            raise_if_cancelling()
+            known = isinstance(exc, RedisError | OSError | CancelBusError)
+            if not known and not is_closed_transport(exc):
+                log.exception("cancel-bus: unexpected error in the subscriber loop")
+            elif not self.connected:
+                raise  # never confirmed: again after a backoff
+            else:
+                log.warning("cancel-bus: subscriber connection lost: %s", exc)
         finally:
-            for sweep in self._sweeps:
-                sweep.cancel()
             self.connected = False
+        return 0.0
 
     async def _subscription(self, channel: str) -> None:
         client, dedicated = await self._topology.subscriber(channel)
@@ -166,19 +172,22 @@ class Inbox:
                     await client.aclose()
 
     async def _listen(self, pubsub: Any) -> None:
-        last_heard = last_ping = time.monotonic()
-        while True:
-            message = await pubsub.get_message(timeout=self._ping_interval / 2)
+        wait = self._ping_interval / 2
+        last_heard = last_ping = last_turn = time.monotonic()
+        while not self._moved.is_set():
+            raise_if_cancelling()  # a cancellation redis-py swallowed ends the loop too
+            message = await pubsub.get_message(timeout=wait)
             now = time.monotonic()
+            if now - last_turn > 2 * wait:  # our loop was blocked: Redis's silence unproven
+                last_heard, last_ping = now, 0.0
+            last_turn = now
             if message is not None:
                 last_heard = now
                 kind = message["type"]
                 if kind in _MESSAGES:
                     self._receive(message["data"])
                 elif kind in _SUBSCRIBED:
-                    self.connected = True
-                    self._subscribed.set()
-                    self._sweep_soon()
+                    await self._confirmed_now()
                 elif kind in _UNSUBSCRIBED:  # the server dropped us (the slot moved)
                     raise RedisError("the subscription was dropped by the server")
             if now - last_heard > 2 * self._ping_interval:
@@ -186,6 +195,15 @@ class Inbox:
             if now - last_ping >= self._ping_interval:
                 last_ping = now
                 await pubsub.ping(_PING)
+
+    async def _confirmed_now(self) -> None:
+        """A subscription confirmed (ours, or redis-py's own after it reconnected): sweep what
+        was missed before the next message is read."""
+        if self._confirmed:
+            self.reconnects += 1
+        self._confirmed = self.connected = True
+        self._subscribed.set()
+        await self.sweep()
 
     # -- messages -----------------------------------------------------------------------------
 
@@ -237,21 +255,6 @@ class Inbox:
             )
         return None
 
-    async def probe_forever(self) -> None:
-        while self._lifecycle.active and not self._stopped:
-            try:
-                await self.probe()
-            except Exception:  # the probe must outlive any failure
-                raise_if_cancelling()
-                log.exception("cancel-bus: probe failed")
-            await self._rest(self.probe_interval)
-
-    async def _rest(self, seconds: float) -> None:
-        """Sleep ``seconds``, or until the inbox is stopped."""
-        raise_if_cancelling()  # a cancellation redis-py swallowed in the work ends the loop here
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._stop.wait(), seconds)
-
     async def probe(self) -> None:
         """Judge the previous probe (back, or failed), send the next."""
         if self._probe is not None:  # not back within an interval
@@ -278,22 +281,12 @@ class Inbox:
         if probe is None or probe[0] != nonce:
             return
         latency = time.monotonic() - probe[1]
+        self.probes_back += 1
         self._probe = None
         self._probe_failed_at = None
         self.probe_back = (self._lease.clock(), latency)
 
     # -- the sweep ----------------------------------------------------------------------------
-
-    async def sweep_forever(self) -> None:
-        while self._lifecycle.active and not self._stopped:
-            await self._rest(self._sweep_interval)
-            if self._stopped:
-                return
-            try:
-                await self.sweep()
-            except Exception:  # the safety net must outlive any failure
-                raise_if_cancelling()
-                log.exception("cancel-bus: sweep failed")
 
     async def sweep(self) -> None:
         """Deliver every cancel pending on this node's runs; answer local waiters whose run has
@@ -315,8 +308,3 @@ class Inbox:
                     self._waiters.resolve(run.run_id, run)
         except BusUnavailable as exc:
             log.debug("cancel-bus: sweep skipped: %s", exc)
-
-    def _sweep_soon(self) -> None:
-        task: asyncio.Task[None] = asyncio.create_task(self.sweep())
-        self._sweeps.add(task)
-        task.add_done_callback(self._sweeps.discard)

@@ -36,7 +36,7 @@ def validate_id(value: object, what: str) -> str:
 # Every command the library sends, directly or from its scripts (Redis checks both).
 ACL_COMMANDS = (
     "evalsha", "eval", "script|load", "script|exists", "time", "ping", "multi", "exec",
-    "discard", "select", "hello", "client|setname",
+    "discard", "select", "hello", "client|setname", "info",
     "get", "set", "del", "exists", "incr", "pexpire",
     "hget", "hmget", "hset", "hsetnx", "hgetall", "hdel", "hstrlen",
     "sadd", "srem", "spop", "scard", "smembers",
@@ -69,6 +69,7 @@ KEY_TEMPLATES: dict[str, str] = {
     "tombstones": "tombstones",
     "tombstone": "tomb:{tombstone_id}",
     "cancel_request": "creq:{request_id}",
+    "recovering": "recovering",
 }
 _FIELD = re.compile(r"{(\w+)}")
 
@@ -112,6 +113,12 @@ class KeySpace:
         """Hash: the lease clock (``last`` heartbeat on the server clock, the clock's value ``at``
         it, the ``cap`` of one beat): lease time runs only while heartbeats reach Redis."""
         return self.name("lease_clock")
+
+    @property
+    def recovering(self) -> str:
+        """String, for a lease after a node re-registered because Redis had lost its data:
+        meanwhile an unknown run may be one its owner has not re-asserted yet."""
+        return self.name("recovering")
 
     def run(self, run_id: str) -> str:
         return self.name("run", run_id=run_id)

@@ -1,40 +1,45 @@
 """A node's lease: registration, heartbeat, the server-clock estimate, fencing and reaping.
 
-The lease is renewed every ``lease_ttl / 3``; a heartbeat that fails or times out is retried at
-once, with a short backoff, not a whole interval later. Redis being unreachable is nobody's
-death: the node keeps its runs and its lease until Redis says the lease is gone (the heartbeat
-answers ``fenced``: the node was declared dead, or a new incarnation holds its id), or until
-``self_fence_after`` seconds without contact, when it stops its runs with the honest cause
-``redis_unreachable``. On Redis's side leases run on the lease clock (``_scripts.py``), which a
-stall, a pause or a failover cannot advance by more than one heartbeat interval.
+The lease is renewed every ``lease_ttl / 5``; a heartbeat that fails or times out is retried at
+once, with a short backoff, not a whole interval later. On Redis's side leases run on the lease
+clock (``_scripts.py``): it advances at most at the server clock's pace, and a stall, a pause or a
+failover that no heartbeat gets through advances it by one interval at most — so no other node
+may resolve this node's runs before the last renewal Redis acknowledged (dated from when it was
+sent) plus the lease. **Fencing is lease-safe**: the node stops its runs (``redis_unreachable``)
+by then, a margin earlier (``FENCE_MARGIN``: the clock's rate, the stop itself), however it lost
+Redis — a stall, a partition of this node alone, a Redis refusing writes — and never later; no
+answer can say a run ended while its code goes on. So the stall a node rides out without
+stopping its runs is ``lease - interval - margin`` (0.75 of a lease). It keeps heartbeating:
+if Redis answers and still holds its lease (a stall everyone sat out), it goes on as the same
+incarnation; if Redis says the lease is gone (``fenced``), it rejoins as a new one.
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
 import secrets
 import time
 from collections.abc import Callable
 from typing import Protocol
 
-from ._errors import BusUnavailable, Fenced, NodeIdInUse
-from ._redis import raise_if_cancelling
+from ._duties import Duty
+from ._errors import BusUnavailable, CancelBusError, Fenced, NodeIdInUse
+from ._redis import backoff
 from ._store import RunStore
+from ._trouble import Trouble, kind_of
 from ._types import StopCause
 
-log = logging.getLogger("cancel_bus")
-
 REAP_BUDGET = 500
+HEARTBEATS_PER_LEASE = 5
+FENCE_MARGIN = 0.05  # of a lease: the node stops its runs this much before another may resolve them
 RETRY_FIRST = 0.05  # seconds before the first retry of a failed heartbeat; doubles up to...
 RETRY_SHARE = 0.25  # ... this share of the interval
-WARN_EVERY = 5.0  # seconds between warnings while heartbeats keep failing
 
 
 class LeaseHolder(Protocol):
     async def lease_renewed(self, recorded_runs: int) -> None: ...
 
-    async def lease_lost(self, cause: StopCause, why: str) -> None: ...
+    def lease_lost(self, cause: StopCause, why: str) -> None: ...
 
     async def lease_missing(self) -> None: ...
 
@@ -61,19 +66,26 @@ class Lease:
         self.epoch = ""
         self.offset = 0.0
         self.valid = False  # Redis has not said this incarnation's lease is gone
-        self.self_fenced = False  # runs stopped: no contact with Redis for the deadline
+        self.self_fenced = False  # runs stopped: the lease may have run out unrenewed
         self._last_renewed = 0.0  # monotonic send time of the last heartbeat that answered
-        self._last_warning = 0.0
+        self._reaping = Trouble("reaping expired nodes")
+        self._fence: asyncio.TimerHandle | None = None
         self._stopped = False
 
     @property
     def interval(self) -> float:
-        return self.lease_ttl / 3
+        return self.lease_ttl / HEARTBEATS_PER_LEASE
+
+    @property
+    def fence_after(self) -> float:
+        """Seconds after the last acknowledged renewal was sent at which the node stops its runs:
+        the lease less the margin (or ``self_fence_after``, if sooner)."""
+        return min(self.self_fence_after, self.lease_ttl * (1 - FENCE_MARGIN))
 
     @property
     def fresh(self) -> bool:
-        """Valid, and renewed within the last lease: what readiness asks."""
-        return self.valid and time.monotonic() - self._last_renewed <= self.lease_ttl
+        """Valid, and within the fence deadline of its last renewal: what readiness asks."""
+        return self.valid and time.monotonic() - self._last_renewed < self.fence_after
 
     def clock(self) -> float:
         """Now, on the Redis server clock (estimated from the heartbeats)."""
@@ -89,13 +101,14 @@ class Lease:
         while True:
             sent, local_sent = time.monotonic(), time.time()
             try:  # bounded: a late answer would date the lease from a stale send time
-                async with asyncio.timeout(self.interval):
+                async with asyncio.timeout(self.lease_ttl / 3):
                     code, server_now = await self._store.register_node(
                         node_id, self.lease_ttl, self._version, epoch, restore
                     )
             except TimeoutError:
                 raise BusUnavailable(
-                    f"no answer from Redis to the node registration within {self.interval:.2g} s "
+                    "no answer from Redis to the node registration within "
+                    f"{self.lease_ttl / 3:.2g} s "
                     "(as when a server is stalled, or a Sentinel or TLS handshake never completes:"
                     " check the URL's scheme and hosts)"
                 ) from None
@@ -111,70 +124,59 @@ class Lease:
                 await asyncio.sleep(min(1.0, self.interval))
 
     def stop(self) -> None:
-        """End :meth:`run_forever` at its next turn (even if a cancellation was swallowed)."""
+        """No more fencing: the node is closing (its duties are stopped by their owner)."""
         self._stopped = True
+        if self._fence is not None:
+            self._fence.cancel()
 
-    async def run_forever(self) -> None:
-        """Beat every interval after the last beat that reached Redis; retry a failed one at
-        once with a backoff bounded well under the interval."""
-        self._stopped = False  # a bus that failed to start may start again
-        retry = RETRY_FIRST
-        due = time.monotonic() + self.interval
-        while not self._stopped:
-            raise_if_cancelling()  # a cancellation redis-py swallowed ends the loop too
-            await asyncio.sleep(max(0.0, due - time.monotonic()))
-            renewed = self._last_renewed
-            try:
-                reached = await self.beat()
-            except Exception:  # the heartbeat must outlive any failure
-                raise_if_cancelling()
-                log.exception("cancel-bus: heartbeat of %s failed", self.node_id)
-                reached = False
-            if reached:
-                retry = RETRY_FIRST
-                if self._last_renewed != renewed:
-                    due = self._last_renewed + self.interval
-                else:  # Redis answered, but not with a renewal (fenced, or forgot us)
-                    due = time.monotonic() + self.interval
-            else:
-                due = time.monotonic() + retry
-                retry = min(retry * 2, self.interval * RETRY_SHARE)
+    def duty(self) -> Duty:
+        """The heartbeat: every interval after the last renewal; a failed beat again at once,
+        with a backoff of at most a quarter interval."""
+        return Duty(
+            "heartbeat",
+            self.turn,
+            period=lambda: self.interval,
+            backoff=backoff(RETRY_FIRST, self.interval * RETRY_SHARE),
+            at_once=False,
+        )
 
-    async def beat(self) -> bool:
-        """One heartbeat, then reap expired nodes; reports loss or amnesia to the holder.
-        -> whether Redis answered."""
+    async def turn(self) -> float:
+        """One heartbeat and the reaping after it; -> seconds until the next beat. Raises
+        (:class:`BusUnavailable`, saying how long since the last renewal and what happens to
+        the runs) when Redis did not answer."""
+        self._stopped = False
+        renewed = self._last_renewed
+        await self.beat()
+        if self._last_renewed == renewed:  # answered, but not with a renewal (fenced, forgot us)
+            return self.interval
+        return max(0.0, self._last_renewed + self.interval - time.monotonic())
+
+    async def beat(self) -> None:
+        """One heartbeat, then reap expired nodes; reports loss or amnesia to the holder."""
         if not self.valid:
-            return True  # the holder is rejoining as a new incarnation
+            return  # the holder is rejoining as a new incarnation
         silent = time.monotonic() - self._last_renewed
-        if silent > self.self_fence_after and not self.self_fenced:
-            self.self_fenced = True
-            why = f"no answer from Redis for {silent:.0f} s"
-            await self._tell().lease_lost(StopCause.REDIS_UNREACHABLE, why)
         sent, local_sent = time.monotonic(), time.time()
         try:
             async with asyncio.timeout(self.interval):
                 code, server_now, recorded = await self._store.heartbeat(
                     self.node_id, self.epoch, self.lease_ttl, self.probe()
                 )
-        except (BusUnavailable, TimeoutError) as exc:
-            if sent - self._last_warning >= WARN_EVERY:
-                self._last_warning = sent
-                runs = (
-                    "its runs were stopped (redis_unreachable)"
-                    if self.self_fenced
-                    else f"runs go on; stopped at {self.self_fence_after:g} s"
-                )
-                log.warning(
-                    "cancel-bus: heartbeat of %s failed (%.1f s since the last renewal; %s): %s",
-                    self.node_id,
-                    silent,
-                    runs,
-                    str(exc) or f"no answer within {self.interval:.2g} s",
-                )
-            return False
+        except (CancelBusError, TimeoutError) as exc:  # unavailable, refused, or a defect
+            left = self.fence_after - silent
+            runs = (
+                "its runs were stopped (redis_unreachable)"
+                if self.self_fenced
+                else f"its runs go on for {left:.2f} s more unless Redis renews the lease"
+            )
+            reason = str(exc) or f"no answer within {self.interval:.2g} s"
+            raise BusUnavailable(
+                f"{self.node_id}, {silent:.1f} s since the last renewal; {runs}: {reason}",
+                getattr(exc, "code", None),
+            ) from exc
         if code == "fenced":
             self.valid = False
-            await self._tell().lease_lost(StopCause.LEASE_LOST, "Redis says the lease is gone")
+            self._tell().lease_lost(StopCause.LEASE_LOST, "Redis says the lease is gone")
         elif code == "missing":
             await self._tell().lease_missing()
         else:
@@ -182,7 +184,6 @@ class Lease:
             self.self_fenced = False
             await self._tell().lease_renewed(recorded)
             await self.reap()
-        return True
 
     async def reap(self) -> None:
         """Resolve the runs of expired nodes (any live node may do it; idempotent) for at most
@@ -195,9 +196,11 @@ class Lease:
                 if runs or nodes:
                     self._tell().count_reaped(runs, nodes)
                 if not more or time.monotonic() > until:
-                    return
-        except BusUnavailable as exc:
-            log.warning("cancel-bus: reaping failed: %s", exc)
+                    break
+        except CancelBusError as exc:
+            self._reaping.failing(kind_of(exc), str(exc))
+            return
+        self._reaping.over()
 
     async def leave(self) -> None:
         """Release the lease (a closing node): runs still recorded for it are resolved."""
@@ -212,5 +215,25 @@ class Lease:
         return self.holder
 
     def _renewed(self, sent: float, local_sent: float, server_now: float) -> None:
+        """Redis renewed the lease (the heartbeat sent at ``sent`` answered): the fence deadline
+        moves on to ``sent`` plus :attr:`fence_after`."""
         self._last_renewed = sent
         self.offset = server_now - (local_sent + time.time()) / 2
+        if self._fence is not None:
+            self._fence.cancel()
+        delay = sent + self.fence_after - time.monotonic()
+        self._fence = asyncio.get_running_loop().call_later(max(0.0, delay), self._fence_due)
+
+    def _fence_due(self) -> None:
+        """The lease may run out before another renewal can reach Redis: stop the runs now (a
+        timer, not the heartbeat loop: nothing that waits for Redis can delay it)."""
+        self._fence = None
+        if self.self_fenced or not self.valid or self._stopped:
+            return
+        self.self_fenced = True
+        silent = time.monotonic() - self._last_renewed
+        why = (
+            f"no renewal acknowledged for {silent:.2f} s; the lease ({self.lease_ttl:g} s) may "
+            "run out before another can reach Redis"
+        )
+        self._tell().lease_lost(StopCause.REDIS_UNREACHABLE, why)

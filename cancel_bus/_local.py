@@ -5,7 +5,9 @@ A burst of ends (100,000 runs ending in one event-loop turn) is a queue: each en
 item (:mod:`._chunks`), worked on a bounded chunk at a time, and the store's batcher sends each
 chunk's finishes as one script call; the event-loop turn that woke them stays short, and the
 heartbeat (on a store and connections of its own) runs between chunks. A finish that Redis does
-not answer within an interval of being sent waits in the outbox, not in the run's exit.
+not answer within an interval of being sent, or cannot take (unavailable, out of memory, refusing
+the node's user), waits in the outbox, not in the run's exit: what Redis does never reaches the
+run's code from its exit.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import logging
 from enum import Enum
 
 from ._chunks import ChunkedQueue, Settling
+from ._duties import Spawn
 from ._errors import (
     BusUnavailable,
     CancelBusError,
@@ -30,7 +33,7 @@ from ._messages import SESSION_TARGET_PREFIX, run_target, session_target
 from ._outbox import Outbox
 from ._run import Ending, ProfiledRunHandle, RunHandle, RunSpec, RunState
 from ._state import Lifecycle
-from ._store import Finish, FinishAnswer, RunStore
+from ._store import CancelOrder, Finish, FinishAnswer, RunStore
 from ._sync import RunSync
 from ._timed import TimedMap
 from ._types import BusStats, CancelMode, CancelRequest, RunInfo, RunStatus, StopCause
@@ -61,6 +64,7 @@ class LocalRuns:
         lifecycle: Lifecycle,
         stats: BusStats,
         max_output_chars: int,
+        spawn: Spawn,
         profile_checkpoints: bool = False,
     ) -> None:
         self._store = store
@@ -78,7 +82,7 @@ class LocalRuns:
         self.starting = 0  # starts sent to Redis, not answered yet
         self._claiming: set[str] = set()  # their run ids
         self.finishing = 0  # finishes of runs still in the table, not answered yet
-        self._ends: ChunkedQueue[tuple[RunState, Ending]] = ChunkedQueue(self._end)
+        self._ends: ChunkedQueue[tuple[RunState, Ending]] = ChunkedQueue(self._end, spawn)
 
     # -- the table ----------------------------------------------------------------------------
 
@@ -135,13 +139,7 @@ class LocalRuns:
             try:
                 async with asyncio.timeout(timeout):
                     answer = await self._store.request_cancel(
-                        run_id=state.run_id,
-                        session=None,
-                        target=run_target(state.run_id),
-                        mode=CancelMode.IMMEDIATE,
-                        reason=StopCause.NODE_SHUTDOWN.value,
-                        requested_by=self._lease.node_id,
-                        cause=StopCause.NODE_SHUTDOWN,
+                        _shutdown(state.run_id, self._lease.node_id),
                         waiter="",
                         caller=self._lease.node_id,
                     )
@@ -250,10 +248,10 @@ class LocalRuns:
                 if isinstance(answer, BaseException):
                     raise answer
                 self._finished(state, answer)
-            except BusUnavailable as exc:
+            except Exception as exc:  # unavailable, refused, or a defect: the outbox retries it
                 unanswered.append((state, ending))
                 why = str(exc)
-            except BaseException as exc:  # given to the run's exit
+            except BaseException as exc:  # a cancellation: given to the run's exit
                 error = exc
             errors.append(error)
         if unanswered:
@@ -338,3 +336,11 @@ class LocalRuns:
             )
             return
         state.final_status = RunStatus(final)
+
+
+def _shutdown(run_id: str, node_id: str) -> CancelOrder:
+    """The cancel a draining node records for a run it still holds."""
+    cause = StopCause.NODE_SHUTDOWN
+    return CancelOrder(
+        run_target(run_id), run_id, None, CancelMode.IMMEDIATE, cause.value, node_id, cause
+    )

@@ -29,6 +29,40 @@ from ._timed import TimedMap
 from ._types import CancelMode, CancelRequest, RunInfo, StopCause
 
 
+class Field(StrEnum):
+    """Every field of a channel message, named once: the Lua prelude gets them as ``F.<name>``
+    (``_scripts.py``), and nothing writes a message field by hand. The seal's own fields are
+    never a message's: :meth:`MessageSigner.seal` refuses a body that has one (a probe once
+    kept its nonce in ``n``, which the seal overwrote: a signed node was never ready)."""
+
+    KIND = "k"  # a MessageKind
+    RUN = "r"
+    TARGET = "tg"  # run:<id> or session:<app>:<user>:<session>
+    MODE = "m"  # the mode the request asked for
+    RUN_MODE = "em"  # the run's mode after it (a stronger request escalates)
+    AT = "at"  # when the cancel was requested (server clock)
+    REASON = "reason"
+    BY = "by"
+    CAUSE = "c"
+    TO = "to"  # the recipient node
+    EPOCH = "ep"  # the recipient's incarnation
+    STATUS = "st"
+    RECORD = "run"  # a finish notice's run record
+    PROBE = "pn"  # a probe's nonce
+    SEALED_AT = "ts"  # the seal's: when it was sealed
+    NONCE = "n"  # the seal's: spent once per recipient
+    SEAL = "a"  # the seal's: the HMAC
+
+
+SEAL_FIELDS = frozenset({Field.SEALED_AT, Field.NONCE, Field.SEAL})
+
+
+class MessageKind(StrEnum):
+    CANCEL = "cancel"
+    FINISHED = "finished"
+    PROBE = "probe"
+
+
 class Rejection(StrEnum):
     """Why a message was dropped (each counted apart in :class:`~cancel_bus.BusStats`)."""
 
@@ -62,29 +96,37 @@ class MessageSigner:
 
     def seal(self, body: dict[str, Any]) -> str:
         """``body`` as JSON with a timestamp, a nonce and the seal over everything."""
+        if SEAL_FIELDS & body.keys():
+            raise ValueError(
+                f"a message may not use the seal's fields: {SEAL_FIELDS & body.keys()}"
+            )
         if not self._keys:
             return json.dumps(body, separators=(",", ":"))
-        sealed = {**body, "ts": f"{self._clock():.3f}", "n": secrets.token_hex(12)}
-        sealed["a"] = self._mac(self._keys[0], sealed)
+        sealed = {
+            **body,
+            Field.SEALED_AT: f"{self._clock():.3f}",
+            Field.NONCE: secrets.token_hex(12),
+        }
+        sealed[Field.SEAL] = self._mac(self._keys[0], sealed)
         return json.dumps(sealed, separators=(",", ":"))
 
     def check(self, body: dict[str, Any]) -> Rejection | None:
         """Why ``body`` must be dropped, or None. Remembers the nonce of a message that passes."""
         if not self._keys:
             return None
-        mac = body.get("a")
+        mac = body.get(Field.SEAL)
         if not isinstance(mac, str):
             return Rejection.FORGED
-        unsealed = {k: v for k, v in body.items() if k != "a"}
+        unsealed = {k: v for k, v in body.items() if k != Field.SEAL}
         if not any(hmac.compare_digest(mac, self._mac(key, unsealed)) for key in self._keys):
             return Rejection.FORGED
         try:
-            sent_at = float(body["ts"])
+            sent_at = float(body[Field.SEALED_AT])
         except (KeyError, TypeError, ValueError):
             return Rejection.MALFORMED
         if not abs(self._clock() - sent_at) <= self._window:
             return Rejection.STALE
-        nonce = str(body.get("n"))
+        nonce = str(body.get(Field.NONCE))
         if nonce in self._seen:
             return Rejection.REPLAYED
         self._seen.put(nonce, None)
@@ -130,7 +172,7 @@ Message = CancelMessage | FinishedMessage | ProbeMessage
 
 
 def probe_body(nonce: str, to: str, epoch: str) -> dict[str, Any]:
-    return {"k": "probe", "n": nonce, "to": to, "ep": epoch}
+    return {Field.KIND: MessageKind.PROBE, Field.PROBE: nonce, Field.TO: to, Field.EPOCH: epoch}
 
 
 def decode(data: str) -> dict[str, Any] | None:
@@ -145,29 +187,31 @@ def decode(data: str) -> dict[str, Any] | None:
 def parse_message(body: dict[str, Any]) -> Message | None:
     """The typed message of a decoded body; ``None`` if it is not one of ours."""
     try:
-        kind = body["k"]
-        if kind == "cancel":
+        kind = body[Field.KIND]
+        if kind == MessageKind.CANCEL:
             request = CancelRequest(
-                mode=CancelMode(body["em"]),
-                reason=_optional_text(body.get("reason")),
-                requested_by=_optional_text(body.get("by")),
-                requested_at=float(body["at"]),
-                cause=StopCause(body.get("c") or StopCause.USER),
+                mode=CancelMode(body[Field.RUN_MODE]),
+                reason=_optional_text(body.get(Field.REASON)),
+                requested_by=_optional_text(body.get(Field.BY)),
+                requested_at=float(body[Field.AT]),
+                cause=StopCause(body.get(Field.CAUSE) or StopCause.USER),
             )
             return CancelMessage(
-                run_id=_text(body["r"]),
-                target=_text(body["tg"]),
-                requested_mode=CancelMode(body["m"]),
+                run_id=_text(body[Field.RUN]),
+                target=_text(body[Field.TARGET]),
+                requested_mode=CancelMode(body[Field.MODE]),
                 request=request,
-                to=_text(body["to"]),
-                epoch=_text(body["ep"]),
+                to=_text(body[Field.TO]),
+                epoch=_text(body[Field.EPOCH]),
             )
-        if kind == "finished":
-            raw = body.get("run")
+        if kind == MessageKind.FINISHED:
+            raw = body.get(Field.RECORD)
             run = RunInfo.from_redis(raw) if isinstance(raw, dict) else None
-            return FinishedMessage(run_id=_text(body["r"]), run=run, to=_text(body["to"]))
-        if kind == "probe":
-            return ProbeMessage(_text(body["n"]), _text(body["to"]), _text(body["ep"]))
+            return FinishedMessage(run_id=_text(body[Field.RUN]), run=run, to=_text(body[Field.TO]))
+        if kind == MessageKind.PROBE:
+            return ProbeMessage(
+                _text(body[Field.PROBE]), _text(body[Field.TO]), _text(body[Field.EPOCH])
+            )
     except (ValueError, KeyError, TypeError):
         return None
     return None

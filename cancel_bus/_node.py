@@ -1,4 +1,5 @@
-"""One node's rooms: built and wired together, started in order, and stopped in order."""
+"""One node's rooms: built and wired together, started in order, and stopped in order; every
+piece of their background work listed here, in one place, and owned by one :class:`Duties`."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ import contextlib
 import logging
 
 from ._caller import CallerSide
-from ._errors import BusClosed, BusUnavailable, CancelBusError
+from ._duties import Duties, Duty
+from ._errors import BusClosed, CancelBusError
 from ._inbox import Inbox
 from ._keys import KeySpace
 from ._lease import Lease
@@ -17,6 +19,7 @@ from ._outbox import Outbox
 from ._recovery import Recovery
 from ._redis import Topology, connect
 from ._selection import Selections
+from ._server import ServerCheck
 from ._state import Lifecycle
 from ._store import RunStore
 from ._sync import RunSync
@@ -25,7 +28,6 @@ from ._waiters import Waiters
 
 log = logging.getLogger("cancel_bus")
 
-SHUTDOWN_SECONDS = 3.0
 LEAVE_SECONDS = 5.0  # to withdraw the registration of a start that failed
 
 
@@ -47,10 +49,12 @@ class Node:
         self_fence_after: float,
         max_output_chars: int,
         profile_checkpoints: bool,
+        accept_eviction: bool,
         version: str,
     ) -> None:
         self.keys = keys
         self.lifecycle = Lifecycle()
+        self.duties = Duties()
         self._signer = MessageSigner(keys.namespace, signing_keys, self.clock)
         self.topology = connect(url, client_name=f"cancel-bus.{node_id}")
         self.store = self._store_on(self.topology, retention)
@@ -66,6 +70,7 @@ class Node:
             self_fence_after=self_fence_after,
             version=version,
         )
+        self.server = ServerCheck(self.store, stats, accept_eviction=accept_eviction)
         self.waiters = Waiters()
         self.sync = RunSync(self.store, lambda: self.lease.node_id, stats)
         self.outbox = Outbox()
@@ -77,6 +82,7 @@ class Node:
             lifecycle=self.lifecycle,
             stats=stats,
             max_output_chars=max_output_chars,
+            spawn=self.duties.spawn,
             profile_checkpoints=profile_checkpoints,
         )
         self.inbox = Inbox(
@@ -86,7 +92,6 @@ class Node:
             signer=self._signer,
             local=self.local,
             waiters=self.waiters,
-            lifecycle=self.lifecycle,
             stats=stats,
             sweep_interval=sweep_interval,
         )
@@ -100,6 +105,7 @@ class Node:
             lifecycle=self.lifecycle,
             stats=stats,
             fixed_node_id=fixed_node_id,
+            spawn=self.duties.spawn,
         )
         self.lease.holder = self.recovery
         self.lease.probe = lambda: self.inbox.probe_back
@@ -112,7 +118,6 @@ class Node:
             waiters=self.waiters,
             stats=stats,
         )
-        self._tasks: list[asyncio.Task[None]] = []
 
     def problems(self) -> list[str]:
         """Why the node is not ready, in words (empty: ready)."""
@@ -121,62 +126,77 @@ class Node:
             problems.append(f"the bus is {self.lifecycle.phase}")
         if not self.lease.fresh:
             problems.append("its lease was not renewed within the last lease")
-        channel = self.inbox.problem
-        if channel is not None:
-            problems.append(channel)
+        for problem in (self.inbox.problem, self.server.problem):
+            if problem is not None:
+                problems.append(problem)
         return problems
+
+    def warnings(self) -> list[str]:
+        """Risks the node runs with, accepted by its settings (it stays ready)."""
+        return [self.server.warning] if self.server.warning is not None else []
 
     def clock(self) -> float:
         return self.lease.clock()
 
+    def _duties(self) -> list[Duty]:
+        """Every loop of the node once it has joined, with its period and its backoff."""
+        return [
+            self.lease.duty(),
+            self.sync.duty(),
+            self.outbox.duty(),
+            *self.inbox.duties(),
+            self.server.duty(self.lease.lease_ttl),
+        ]
+
     async def start(self) -> None:
-        """Register the lease, subscribe to the node's channel, then start the loops. A start that
-        fails leaves no node behind: a registration it made is withdrawn."""
+        """Register the lease, subscribe to the node's channel, check the server, then start the
+        duties. A start that fails leaves no node behind: a registration it made is withdrawn,
+        and every background task is stopped."""
         if self.lifecycle.phase != "new":
             raise BusClosed(f"the bus cannot start: it is {self.lifecycle.phase}")
         self.lifecycle.phase = "starting"
+        await self.duties.start()  # first: the calls below may spawn batches into it
         registered = False
         try:
             await self.lease.register(self.lease.node_id)
             registered = True
+            self.duties.add(self.inbox.subscription_duty())
             await self.inbox.subscribe(timeout=max(5.0, self.lease.lease_ttl))
+            await self.server.at_start()
         except BaseException:
-            await self.shutdown_tasks()
+            self.lease.stop()
             if registered:
                 with contextlib.suppress(CancelBusError, TimeoutError):
                     await asyncio.wait_for(self.lease.leave(), LEAVE_SECONDS)
+            await self.duties.stop()
             self.lifecycle.phase = "new"
             raise
         self.lifecycle.phase = "running"
-        for job in (
-            self.lease.run_forever(),
-            self.sync.run_forever(),
-            self.outbox.run_forever(),
-            self.inbox.sweep_forever(),
-            self.inbox.probe_forever(),
-        ):
-            self._tasks.append(asyncio.create_task(job))
+        for duty in self._duties():
+            self.duties.add(duty)
         log.info("cancel-bus: node %s joined namespace %s", self.lease.node_id, self.keys.namespace)
 
     async def close(self, drain_timeout: float, cancel_timeout: float) -> None:
         """Refuse new runs, give local runs ``drain_timeout`` to end, cancel the rest, write what
-        is pending, release the lease, stop the loops and the clients."""
+        is pending, release the lease, stop the duties and the clients."""
         if self.lifecycle.phase in ("closed", "new"):
             self.lifecycle.phase = "closed"
+            await self.duties.stop()
             await self._close_clients()
             return
         self.lifecycle.phase = "draining"
         if drain_timeout > 0:
             await self.local.wait_empty(drain_timeout)
         await self.local.drain(cancel_timeout)
-        with contextlib.suppress(BusUnavailable, TimeoutError):
+        with contextlib.suppress(CancelBusError, TimeoutError):
             await asyncio.wait_for(self.outbox.flush(), cancel_timeout)
         left = False
         with contextlib.suppress(CancelBusError, TimeoutError):
             await asyncio.wait_for(self.lease.leave(), cancel_timeout)
             left = True
         self.lifecycle.phase = "closed"
-        await self.shutdown_tasks()
+        self.lease.stop()
+        await self.duties.stop()
         await self._close_clients()
         if left:
             log.info("cancel-bus: node %s left", self.lease.node_id)
@@ -187,26 +207,13 @@ class Node:
                 self.lease.node_id,
             )
 
-    async def shutdown_tasks(self) -> None:
-        """Stop the background tasks, within a bound: redis-py can swallow a cancellation in a
-        rare race, so each loop also has a stop flag and a stuck one is left behind, logged."""
-        for loop in (self.lease, self.sync, self.outbox, self.inbox):
-            loop.stop()
-        tasks = [*self._tasks, *self.inbox.tasks, *self.recovery.tasks]
-        for task in tasks:
-            task.cancel()
-        if tasks:
-            _, stuck = await asyncio.wait(tasks, timeout=SHUTDOWN_SECONDS)
-            for task in stuck:
-                log.warning("cancel-bus: background task did not stop in time: %r", task)
-        self._tasks.clear()
-
     def _store_on(self, topology: Topology, retention: float) -> RunStore:
         return RunStore(
             topology.client,
             self.keys,
             retention=retention,
             pub_command="SPUBLISH" if topology.cluster else "PUBLISH",
+            spawn=self.duties.spawn,
             signer=self._signer,
         )
 

@@ -1,20 +1,22 @@
 """Terminal writes that could not land yet, retried until Redis accepts or fences them.
 
-A finish is never silently lost: while Redis is unreachable the run's end waits here, and the
-node keeps heartbeating it as an active run. Every retry sends all of them at once.
+A finish is never silently lost: while Redis cannot take it (unreachable, out of memory, read-only
+after a failover, refusing the node's user) the run's end waits here, and the node keeps
+heartbeating it as an active run. Every retry sends all of them at once. A write that fails for
+another reason (a defect) is kept and retried too: dropping it would leave its run recorded
+active for good. The log says when writes start waiting, when the reason changes, and when they
+are through.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import logging
+import math
 from collections.abc import Awaitable, Callable
 
-from ._errors import BusUnavailable
-from ._redis import raise_if_cancelling
-
-log = logging.getLogger("cancel_bus")
+from ._duties import Duty
+from ._errors import BusUnavailable, CancelBusError
+from ._redis import backoff, raise_if_cancelling
 
 Write = Callable[[], Awaitable[None]]
 
@@ -22,20 +24,17 @@ Write = Callable[[], Awaitable[None]]
 class Outbox:
     def __init__(self, retry_interval: float = 0.5, max_interval: float = 5.0) -> None:
         self._pending: dict[str, Write] = {}
-        self._wake = asyncio.Event()
-        self._retry = asyncio.Event()
-        self._retry_interval = retry_interval
-        self._max_interval = max_interval
-        self._stopped = False
+        self.wake = asyncio.Event()  # a write to try (now, not at the next retry)
+        self._backoff = backoff(retry_interval, max_interval)
 
     def add(self, run_id: str, write: Write) -> None:
         self._pending[run_id] = write
-        self._wake.set()
+        self.wake.set()
 
     def retry_now(self) -> None:
         """Redis answers again: end the wait before the next retry."""
         if self._pending:
-            self._retry.set()
+            self.wake.set()
 
     def __contains__(self, run_id: object) -> bool:
         return run_id in self._pending
@@ -43,38 +42,27 @@ class Outbox:
     def __len__(self) -> int:
         return len(self._pending)
 
-    async def flush(self) -> bool:
-        """Try every pending write once, all together (the store batches them); True if none is
-        left."""
+    def duty(self) -> Duty:
+        """Woken by a write added (or Redis answering again); retried after a backoff until
+        none is left. Its trouble (the duty's log) says when writes start waiting, why, and
+        when they are through."""
+        return Duty("terminal writes", self.flush, lambda: math.inf, self._backoff, self.wake)
+
+    async def flush(self) -> None:
+        """Try every pending write once, all together (the store batches them). Raises what
+        kept one (or more) waiting: :class:`BusUnavailable`, or a defect."""
         pending = list(self._pending.items())
         results = await asyncio.gather(*(write() for _, write in pending), return_exceptions=True)
         raise_if_cancelling()
+        failed: BaseException | None = None
         for (run_id, write), result in zip(pending, results, strict=True):
-            if isinstance(result, BusUnavailable):
-                continue  # still waiting for Redis
-            if isinstance(result, BaseException):  # not a transient failure: retrying won't help
-                log.error("cancel-bus: terminal write of %s dropped: %r", run_id, result)
-            if self._pending.get(run_id) is write:
+            if isinstance(result, BaseException):  # kept: dropping it would leave it active
+                failed = failed or result
+                example = run_id
+            elif self._pending.get(run_id) is write:
                 del self._pending[run_id]
-        return not self._pending
-
-    def stop(self) -> None:
-        """End :meth:`run_forever` at its next turn (even if a cancellation was swallowed)."""
-        self._stopped = True
-        self._wake.set()
-
-    async def run_forever(self) -> None:
-        self._stopped = False  # a bus that failed to start may start again
-        interval = self._retry_interval
-        while not self._stopped:
-            raise_if_cancelling()  # a cancellation redis-py swallowed ends the loop too
-            await self._wake.wait()
-            if await self.flush():
-                self._wake.clear()
-                interval = self._retry_interval
-                continue
-            log.warning("cancel-bus: %d terminal write(s) waiting for Redis", len(self._pending))
-            self._retry.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._retry.wait(), interval)
-            interval = min(interval * 2, self._max_interval)
+        if failed is not None:
+            what = f"{len(self._pending)} waiting, e.g. {example}: {failed}"
+            if isinstance(failed, BusUnavailable):
+                raise BusUnavailable(what, failed.code) from failed
+            raise CancelBusError(what) from failed

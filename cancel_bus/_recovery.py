@@ -6,8 +6,8 @@ record again the cancels it accepted lately.
   missing ones, resolve the strays (``failed``, "not running on its owner") once older than a
   lease.
 * Lost (``lease_lost``: Redis said so): stop every run, rejoin (a new node id if it was
-  generated, the same id and a new epoch if it was given). Out of contact for the self-fence
-  deadline (``redis_unreachable``): stop every run; the lease may still be ours.
+  generated, the same id and a new epoch if it was given). Unrenewed until the lease may run out
+  (``redis_unreachable``, the lease's fence): stop every run; the lease may still be ours.
 * Forgotten (a restart without persistence, a failover with lag): register the same
   incarnation again, re-assert its runs and waiters, re-issue the cancels it accepted in the
   last two leases (each until its run is back), then sweep.
@@ -19,7 +19,8 @@ import asyncio
 import contextlib
 import logging
 
-from ._errors import BusUnavailable, CancelBusError, Fenced
+from ._duties import Spawn
+from ._errors import BusClosed, BusUnavailable, CancelBusError, Fenced
 from ._inbox import Inbox
 from ._keys import new_node_id
 from ._lease import Lease
@@ -28,7 +29,7 @@ from ._messages import run_target
 from ._outbox import Outbox
 from ._redis import raise_if_cancelling
 from ._state import Lifecycle
-from ._store import Finish, RunStore
+from ._store import CancelOrder, Finish, RunStore
 from ._timed import TimedMap
 from ._types import BusStats, CancelRequest, RunInfo, RunStatus, StopCause
 from ._waiters import Waiters
@@ -49,6 +50,7 @@ class Recovery:
         lifecycle: Lifecycle,
         stats: BusStats,
         fixed_node_id: bool,
+        spawn: Spawn,
     ) -> None:
         self._lease = lease
         self._store = store
@@ -61,13 +63,9 @@ class Recovery:
         self._fixed_node_id = fixed_node_id
         self._accepted: TimedMap[str, CancelRequest] = TimedMap(2 * lease.lease_ttl, 100_000)
         self._unconfirmed: set[str] = set()  # accepted cancels to record again
+        self._spawn = spawn
         self._rejoining = asyncio.Lock()
         self._reconciling = False
-        self._tasks: set[asyncio.Task[None]] = set()
-
-    @property
-    def tasks(self) -> list[asyncio.Task[None]]:
-        return list(self._tasks)
 
     def accepted(self, run_id: str, request: CancelRequest) -> None:
         """This node had a cancel recorded: keep it, to record again if Redis loses it."""
@@ -89,7 +87,7 @@ class Recovery:
         except BusUnavailable as exc:
             log.warning("cancel-bus: reconcile failed: %s", exc)
 
-    async def lease_lost(self, cause: StopCause, why: str) -> None:
+    def lease_lost(self, cause: StopCause, why: str) -> None:
         if cause is StopCause.LEASE_LOST:
             self._stats.leases_lost += 1
         else:
@@ -99,9 +97,8 @@ class Recovery:
         )
         self._local.stop_all(cause)
         if cause is StopCause.LEASE_LOST:
-            task = asyncio.create_task(self._rejoin())
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            with contextlib.suppress(BusClosed):  # the node is closing: no rejoin
+                self._spawn("rejoin", self._rejoin())
 
     async def lease_missing(self) -> None:
         log.warning("cancel-bus: Redis lost node %s; re-asserting its state", self._lease.node_id)
@@ -110,7 +107,7 @@ class Recovery:
                 await self._lease.register(self._lease.node_id, restore=True)
             except Fenced:
                 self._lease.valid = False
-                await self.lease_lost(StopCause.LEASE_LOST, "fenced before Redis forgot it")
+                self.lease_lost(StopCause.LEASE_LOST, "fenced before Redis forgot it")
                 return
             except BusUnavailable as exc:
                 log.warning("cancel-bus: re-registration failed, retrying next beat: %s", exc)
@@ -201,18 +198,17 @@ class Recovery:
             if request is None:
                 self._unconfirmed.discard(run_id)
                 continue
-            answer = await self._store.request_cancel(
-                run_id=run_id,
-                session=None,
-                target=run_target(run_id),
-                mode=request.mode,
-                reason=request.reason,
-                requested_by=request.requested_by,
-                cause=request.cause,
-                waiter="",
-                caller=self._lease.node_id,
+            order = CancelOrder(
+                run_target(run_id),
+                run_id,
+                None,
+                request.mode,
+                request.reason,
+                request.requested_by,
+                request.cause,
             )
-            if answer.code == "not_found":
+            answer = await self._store.request_cancel(order, waiter="", caller=self._lease.node_id)
+            if answer.code in ("not_found", "recovering"):
                 continue
             self._unconfirmed.discard(run_id)
             run = answer.run

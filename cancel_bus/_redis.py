@@ -12,37 +12,53 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 from collections.abc import Awaitable, Iterator
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any, TypeVar
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 import redis
+import redis.exceptions
 from redis.asyncio import BlockingConnectionPool, ConnectionPool, Redis
 from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.connection import URL_QUERY_ARGUMENT_PARSERS
 from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel
-from redis.backoff import ExponentialWithJitterBackoff
+from redis.backoff import AbstractBackoff, ExponentialWithJitterBackoff
 from redis.exceptions import (
+    AskError,
     AuthenticationError,
+    AuthenticationWrongNumberOfArgsError,
+    AuthorizationError,
     BusyLoadingError,
+    ClusterCrossSlotError,
     ClusterDownError,
-    ClusterError,
+    DataError,
+    ExecAbortError,
+    LockError,
+    MasterDownError,
+    MovedError,
     NoPermissionError,
+    NoScriptError,
+    OutOfMemoryError,
+    PubSubError,
     ReadOnlyError,
     RedisClusterException,
     RedisError,
     ResponseError,
     SlotNotCoveredError,
     TryAgainError,
+    WatchError,
 )
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from ._errors import BusUnavailable, CancelBusError, InvalidArgument
+from ._errors import BusMisconfigured, BusUnavailable, CancelBusError, InvalidArgument
 
 T = TypeVar("T")
+Backoff = AbstractBackoff  # how long to rest after failures in a row (redis-py's classes)
 
 RETRYABLE: tuple[type[Exception], ...] = (
     RedisConnectionError,
@@ -64,6 +80,11 @@ _TEXT_OPTIONS = frozenset(
 )  # fmt: skip
 _CERT_REQS = ("none", "optional", "required")
 CLUSTER_NEEDS = (8, 0)  # redis-py's asyncio PubSub has ssubscribe from 8.0 on
+
+
+def backoff(base: float, cap: float) -> Backoff:
+    """Jittered exponential: a rest of up to ``base * 2**failures``, at most ``cap`` seconds."""
+    return ExponentialWithJitterBackoff(cap=cap, base=base)
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,25 +236,106 @@ def _hosts(netloc: str) -> list[tuple[str, int]]:
     return hosts
 
 
+class Failure(StrEnum):
+    """What a Redis failure means for the bus (every error reply and connection failure is one)."""
+
+    UNAVAILABLE = "unavailable"  # retry later: what waits for Redis keeps waiting
+    MISCONFIGURED = "misconfigured"  # refused until an operator acts
+    DEFECT = "defect"  # a bug, ours or of whatever wrote into the namespace's keys
+
+
+# Error replies by their code (the reply's first word). Anything not listed is a defect.
+REPLY_CODES: dict[str, Failure] = {
+    **dict.fromkeys(
+        ("OOM", "LOADING", "BUSY", "MASTERDOWN", "CLUSTERDOWN", "TRYAGAIN", "READONLY",
+         "MISCONF", "NOREPLICAS", "MOVED", "ASK", "NOSCRIPT"),
+        Failure.UNAVAILABLE,
+    ),
+    **dict.fromkeys(("NOPERM", "NOAUTH", "WRONGPASS", "NOPROTO"), Failure.MISCONFIGURED),
+}  # fmt: skip
+# redis-py strips the code of the replies it maps to a class (before 8.1 it keeps no
+# ``status_code``): the class names the code again. Subclasses first.
+_CLASS_CODES: tuple[tuple[type[ResponseError], str], ...] = (
+    (OutOfMemoryError, "OOM"), (ReadOnlyError, "READONLY"), (TryAgainError, "TRYAGAIN"),
+    (MasterDownError, "MASTERDOWN"), (ClusterDownError, "CLUSTERDOWN"), (MovedError, "MOVED"),
+    (AskError, "ASK"), (NoPermissionError, "NOPERM"), (ExecAbortError, "EXECABORT"),
+    (NoScriptError, "NOSCRIPT"), (ClusterCrossSlotError, "CROSSSLOT"),
+)  # fmt: skip
+# ERR replies that name a misconfiguration: a command renamed away or disabled, a cluster URL to
+# a server without cluster support
+_MISCONFIGURED_ERR = re.compile(r"^(unknown (sub)?command|.*cluster support disabled)", re.I)
+# a script's error as older servers wrap it: "ERR Error running script ...: -OOM command ..."
+_WRAPPED_CODE = re.compile(r"-([A-Z]{2,}) ")
+_ACCESS_REFUSED: tuple[type[RedisError], ...] = (
+    AuthenticationError,
+    AuthenticationWrongNumberOfArgsError,
+    AuthorizationError,
+    getattr(redis.exceptions, "ExternalAuthProviderError", AuthenticationError),  # redis-py 7+
+)
+# raised by redis-py before anything reached Redis: a bad call of ours
+_LOCAL_DEFECTS = (DataError, WatchError, LockError, PubSubError)
+
+
+def reply_code(exc: ResponseError) -> tuple[str, str]:
+    """An error reply's code, and the rest of its text."""
+    for kind, code in _CLASS_CODES:
+        if isinstance(exc, kind):
+            return code, str(exc)
+    code, _, rest = str(exc).partition(" ")
+    if getattr(exc, "status_code", None) == code or code.isupper():
+        return code, rest
+    return "ERR", str(exc)  # redis-py stripped the ERR
+
+
+def reply_failure(code: str, text: str) -> Failure:
+    """What an error reply means, by its code (and, for ``ERR``, its words)."""
+    if code == "ERR":
+        wrapped = _WRAPPED_CODE.search(text)
+        if wrapped is not None and wrapped.group(1) in REPLY_CODES:
+            return REPLY_CODES[wrapped.group(1)]
+        return Failure.MISCONFIGURED if _MISCONFIGURED_ERR.match(text) else Failure.DEFECT
+    return REPLY_CODES.get(code, Failure.DEFECT)
+
+
+def failure_of(exc: BaseException) -> Failure | None:
+    """What ``exc`` means for the bus if it is a Redis (or connection) failure, else None."""
+    if isinstance(exc, _ACCESS_REFUSED):
+        return Failure.MISCONFIGURED
+    if isinstance(exc, ResponseError):
+        return reply_failure(*reply_code(exc))
+    if isinstance(exc, _LOCAL_DEFECTS):
+        return Failure.DEFECT
+    if isinstance(exc, RedisError | RedisClusterException | OSError) or is_closed_transport(exc):
+        return Failure.UNAVAILABLE  # connections, timeouts, a cluster out of reach, garbage
+    return None
+
+
 @contextlib.contextmanager
 def translated(action: str) -> Iterator[None]:
-    """Translate what redis-py raises into the cancel-bus error tree (``raise ... from exc``)."""
+    """Translate what redis-py raises into the cancel-bus error tree (``raise ... from exc``):
+    :class:`BusUnavailable`, :class:`BusMisconfigured`, or :class:`CancelBusError` (a defect)."""
     try:
         yield
-    except RETRYABLE as exc:
-        raise BusUnavailable(f"{action}: Redis unavailable ({type(exc).__name__}: {exc})") from exc
-    except (AuthenticationError, NoPermissionError) as exc:
-        raise BusUnavailable(f"{action}: Redis refused access ({exc})") from exc
-    except ResponseError as exc:
-        raise CancelBusError(f"{action}: Redis error: {exc}") from exc
-    except (ClusterError, RedisClusterException, RedisError) as exc:
-        raise BusUnavailable(f"{action}: {type(exc).__name__}: {exc}") from exc
-    except OSError as exc:
-        raise BusUnavailable(f"{action}: {exc}") from exc
-    except RuntimeError as exc:
-        if not is_closed_transport(exc):
+    except Exception as exc:
+        failure = failure_of(exc)
+        if failure is None:
             raise
-        raise BusUnavailable(f"{action}: Redis connection lost ({exc})") from exc
+        raise error_for(failure, action, exc) from exc
+
+
+def error_for(failure: Failure, action: str, exc: BaseException) -> CancelBusError:
+    """The cancel-bus error that says ``action`` failed with ``exc`` (one line, no secrets)."""
+    code: str | None = None
+    if isinstance(exc, ResponseError):
+        code, text = reply_code(exc)
+        what = f"{code} {text}"
+    else:
+        what = f"{type(exc).__name__}: {exc}"
+    if failure is Failure.UNAVAILABLE:
+        return BusUnavailable(f"{action}: Redis unavailable ({what})", code)
+    if failure is Failure.MISCONFIGURED:
+        return BusMisconfigured(f"{action}: Redis refused access ({what})", code)
+    return CancelBusError(f"{action}: Redis error: {what}")
 
 
 async def within(timeout: float, call: Awaitable[T], doubt: str = "") -> T:
@@ -248,11 +350,8 @@ async def within(timeout: float, call: Awaitable[T], doubt: str = "") -> T:
 
 def translate(action: str, exc: BaseException) -> BaseException:
     """What :func:`translated` raises for ``exc`` (an error a future carried)."""
-    try:
-        with translated(action):
-            raise exc
-    except BaseException as translated_exc:  # handed back, not swallowed
-        return translated_exc
+    failure = failure_of(exc)
+    return exc if failure is None else error_for(failure, action, exc)
 
 
 def is_closed_transport(exc: BaseException) -> bool:

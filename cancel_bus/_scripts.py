@@ -31,7 +31,7 @@ scripts answer ``{notices, reply}``.
 from __future__ import annotations
 
 from ._keys import lua_key_functions
-from ._messages import RUN_TARGET_PREFIX, SESSION_TARGET_PREFIX
+from ._messages import RUN_TARGET_PREFIX, SESSION_TARGET_PREFIX, Field, MessageKind
 from ._types import ACTIVE_STATUSES, CancelMode
 
 EVENTS_MAX = 1000
@@ -51,6 +51,8 @@ local ACTIVE = __ACTIVE__
 local STRENGTH = __STRENGTH__
 local SESSION_PREFIX = '__SESSION_PREFIX__'
 local RUN_PREFIX = '__RUN_PREFIX__'
+local F = __FIELDS__
+local MSG = __KINDS__
 __KEY_FUNCTIONS__
 local NOTICES = {}
 local function reply(r) return {NOTICES, r} end  -- the answer of a script that may notify
@@ -192,12 +194,12 @@ local function finalize(run_id, status, end_reason, fields, retention_ms, pub)
   local wk = key_waiters(run_id)
   local waiters = redis.call('SMEMBERS', wk)
   if #waiters > 0 then
-    local msg = {k = 'finished', r = run_id, st = status}
+    local msg = {[F.KIND] = MSG.FINISHED, [F.RUN] = run_id, [F.STATUS] = status}
     if redis.call('HSTRLEN', rk, 'output') <= __NOTIFY_RUN_MAX_BYTES__ then
-      msg.run = hash_to_table(redis.call('HGETALL', rk))
+      msg[F.RECORD] = hash_to_table(redis.call('HGETALL', rk))
     end
     for _, w in ipairs(waiters) do
-      msg.to = w
+      msg[F.TO] = w
       notify(pub, w, msg)
     end
     redis.call('DEL', wk)
@@ -241,8 +243,9 @@ local function cancel_one(run_id, target, mode, reason, by, cause, waiter, calle
   local meta = redis.call('HMGET', rk, 'cancel_mode', 'cancel_requested_at', 'cancel_reason',
     'requested_by', 'cancel_cause')
   local owner = cur[2]
-  local message = {k = 'cancel', r = run_id, tg = target, m = mode, em = meta[1], at = meta[2],
-    reason = meta[3] or nil, by = meta[4] or nil, c = meta[5] or nil, to = owner, ep = cur[5]}
+  local message = {[F.KIND] = MSG.CANCEL, [F.RUN] = run_id, [F.TARGET] = target,
+    [F.MODE] = mode, [F.RUN_MODE] = meta[1], [F.AT] = meta[2], [F.REASON] = meta[3] or nil,
+    [F.BY] = meta[4] or nil, [F.CAUSE] = meta[5] or nil, [F.TO] = owner, [F.EPOCH] = cur[5]}
   if st ~= 'running' then
     if owner and owner ~= caller then notify(pub, owner, message) end
     finalize(run_id, 'cancelled', 'cancelled', {}, retention_ms, pub)
@@ -411,6 +414,8 @@ def _fill(template: str) -> str:
         .replace("__MAX_WALK__", str(MAX_WALK))
         .replace("__MAX_TOMBSTONES__", str(MAX_TOMBSTONES))
         .replace("__REQUEST_MEMORY_MS__", str(REQUEST_MEMORY_MS))
+        .replace("__FIELDS__", _lua_table({f.name: f"'{f.value}'" for f in Field}))
+        .replace("__KINDS__", _lua_table({k.name: f"'{k.value}'" for k in MessageKind}))
         .replace("__KEY_FUNCTIONS__", lua_key_functions())
     )
 
@@ -431,8 +436,18 @@ return answers
 """
 
 
-def _script(body: str) -> str:
-    return PRELUDE + BATCH_HEAD + _fill(body).strip("\n") + BATCH_TAIL
+# Script flags (Redis 7): a script that declares them is refused as a whole when Redis is out of
+# memory (never half-run: an unflagged one fails at its first write that needs memory), unless it
+# may run then. Work that keeps the lights on and frees memory runs out of memory too — a lease
+# renewed, a run's end, a cancel, a node leaving; new work (a start, a queued run, relayed
+# output) is refused until memory is back.
+ALLOW_OOM = "#!lua flags=allow-oom\n"
+DENY_OOM = "#!lua\n"
+READ_ONLY = "#!lua flags=no-writes\n"
+
+
+def _script(body: str, flags: str = ALLOW_OOM) -> str:
+    return flags + PRELUDE + BATCH_HEAD + _fill(body).strip("\n") + BATCH_TAIL
 
 
 # KEYS[1] nodes zset, KEYS[2] node hash
@@ -455,6 +470,9 @@ if restore == '1' and not forgotten then return reply({'fenced', NOW}) end
 if (not forgotten) and node_alive(node_id, nil) then return reply({'in_use', NOW}) end
 local _, done = reap_node(node_id, 500, retention_ms, pub, 'dead')
 if not done then return reply({'busy', NOW}) end
+if restore == '1' then  -- Redis lost our data: others' runs may be unknown for a while
+  redis.call('SET', key_recovering(), NOW, 'PX', lease_ms)
+end
 redis.call('DEL', node_key)
 redis.call('HSET', node_key, 'node_id', node_id, 'state', 'alive', 'epoch', epoch,
   'started_at', NOW, 'last_heartbeat', NOW, 'lease_expires_at', fmt(NOW_S + lease_ms / 1000),
@@ -531,7 +549,8 @@ return reply({'ok', resolved, 1})
 # -> {notices, {'ok', run fields} | {'fenced'} | {'missing'} (Redis forgot the node: retry after
 #    it re-registers) | {'exists', run fields} | {'session_busy', run_id}
 #    | {'cancelled', run fields} (it must not start)}
-START_RUN = _script("""
+START_RUN = _script(
+    """
 local rk = KEYS[1]
 local run_id, node_id, epoch = ARGV[1], ARGV[2], ARGV[3]
 local app, user, sess, metadata, relay = ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8]
@@ -589,7 +608,9 @@ if relay == '1' then redis.call('HSET', rk, 'relay', '1') end
 redis.call('ZADD', key_active(), NOW, run_id)
 redis.call('SADD', key_node_runs(node_id), run_id)
 return reply({'ok', redis.call('HGETALL', rk)})
-""")
+""",
+    DENY_OOM,
+)
 
 # KEYS[1] run hash
 # ARGV[1] run_id, ARGV[2] app_name, ARGV[3] user_id, ARGV[4] session_id ('' x3: none),
@@ -599,7 +620,8 @@ return reply({'ok', redis.call('HGETALL', rk)})
 # A run whose parent has an accepted cancel, or that a live tombstone matches, is recorded
 # cancelled at once: it never starts.
 # -> {'ok', run fields} | {'exists', status} | {'session_busy', run_id} | {'cancelled', fields}
-ENQUEUE_RUN = _script("""
+ENQUEUE_RUN = _script(
+    """
 local rk = KEYS[1]
 local run_id, app, user, sess, metadata = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local parent, retention_ms, request = ARGV[6], tonumber(ARGV[7]), ARGV[8]
@@ -629,7 +651,9 @@ for k, v in pairs(r) do redis.call('HSET', rk, k, v) end
 redis.call('HSET', rk, 'status', 'queued', 'created_at', NOW)
 redis.call('ZADD', key_active(), NOW, run_id)
 return {'ok', redis.call('HGETALL', rk)}
-""")
+""",
+    DENY_OOM,
+)
 
 # KEYS[1] run hash, or the session key when ARGV[1] starts with 'session:'
 # ARGV[1] target ('run:<id>' or 'session:<app>:<user>:<session>'), ARGV[2] run_id ('' for session),
@@ -642,7 +666,8 @@ return {'ok', redis.call('HGETALL', rk)}
 # The target's run, and with `tree` every run started below it (cause 'parent'), deepest first:
 # each as cancel_one does it. The owner is told on its channel, in a message bound to it (its
 # node id and epoch) and to the run — not when the caller is the owner: it sets the token itself.
-# -> {notices, {'not_found'} | {code, fields, receivers (-1: not published here),
+# -> {notices, {'not_found'} | {'recovering'} (not found, but Redis lost data lately: ask again)
+#    | {code, fields, receivers (-1: not published here),
 #    {{run_id, code, fields, receivers}, ...} (the descendants), 1 if descendants were left out}},
 #    code: already_finished | cancelled | owner_lost | stopping
 REQUEST_CANCEL = _script("""
@@ -669,15 +694,25 @@ end
 local function remember(id)
   redis.call('SET', request_key, id, 'PX', math.min(__REQUEST_MEMORY_MS__, retention_ms))
 end
+local function not_found()
+  -- Redis lost the namespace's data lately (the caller's own record is gone, or a node
+  -- re-registered after a loss less than a lease ago): the run may be one its owner has not
+  -- re-asserted yet, so the caller asks again rather than be told it does not exist
+  if redis.call('EXISTS', key_node(caller)) == 0 or redis.call('EXISTS', key_recovering()) == 1
+  then
+    return reply({'recovering'})
+  end
+  remember('-')
+  return reply({'not_found'})
+end
 local by_session = string.sub(target, 1, #SESSION_PREFIX) == SESSION_PREFIX
 if by_session then
   run_id = redis.call('GET', target_key)
-  if not run_id then remember('-'); return reply({'not_found'}) end
+  if not run_id then return not_found() end
 end
 local st = redis.call('HGET', key_run(run_id), 'status')
 if (not st) or (by_session and not ACTIVE[st]) then  -- a session has no *active* run
-  remember('-')
-  return reply({'not_found'})
+  return not_found()
 end
 remember(run_id)
 local below, cut = {}, 0
@@ -777,7 +812,8 @@ return reply({'ok', status, end_reason})
 #    server clock), [[type, at, data_json], ...] relay entries, notes json ('' = none)]
 # -> how many runs were updated (a run no longer this incarnation's active run is skipped; its
 #    notes — a leak after its end — are still written if it was this incarnation's)
-SYNC_RUNS = _script("""
+SYNC_RUNS = _script(
+    """
 local nodes = KEYS[1]
 local node_id, epoch, items = ARGV[1], ARGV[2], cjson.decode(ARGV[3])
 if not node_alive(node_id, epoch) then return 0 end
@@ -800,7 +836,9 @@ for _, item in ipairs(items) do
   end
 end
 return updated
-""")
+""",
+    DENY_OOM,
+)
 
 # KEYS[1] run hash
 # ARGV[1] run_id, ARGV[2] node_id, ARGV[3] epoch, ARGV[4] target status (waiting|running)
@@ -874,7 +912,8 @@ return {'recreated'}
 # Read-only: the active runs (queued, running, waiting) among `count` of the active index from
 # `offset` (newest first) that match the selector.
 # -> {next offset (-1: the index ends), {run_id, ...}}
-SELECT_RUNS = _script("""
+SELECT_RUNS = _script(
+    """
 local active = KEYS[1]
 local selector, offset, count = cjson.decode(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local ids = redis.call('ZRANGE', active, offset, offset + count - 1, 'REV')
@@ -887,7 +926,9 @@ for _, id in ipairs(ids) do
 end
 if #ids < count then return {-1, matched} end
 return {offset + count, matched}
-""")
+""",
+    READ_ONLY,
+)
 
 # KEYS[1] tombstones zset
 # ARGV[1] tombstone id, ARGV[2] selector (JSON), ARGV[3] mode, ARGV[4] reason, ARGV[5]

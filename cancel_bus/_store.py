@@ -17,9 +17,10 @@ from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 
 from ._batcher import ScriptBatcher
+from ._duties import Spawn
 from ._errors import CancelBusError, RunExists, SessionBusy
 from ._keys import KeySpace
-from ._messages import MessageSigner, decode, probe_body
+from ._messages import Field, MessageKind, MessageSigner, decode, probe_body
 from ._redis import translate, translated
 from ._scripts import ALL_SCRIPTS, NOTIFYING
 from ._types import (
@@ -60,6 +61,21 @@ class CancelAnswer:
 
 
 @dataclass(frozen=True, slots=True)
+class CancelOrder:
+    """What a cancel asks for: the run (``run:<id>``) or session (``session:...``) it targets,
+    its mode, reason, requester and cause; with ``tree``, every run started below it too."""
+
+    target: str
+    run_id: str | None
+    session: tuple[str, str, str] | None
+    mode: CancelMode
+    reason: str | None
+    requested_by: str | None
+    cause: StopCause
+    tree: bool = True
+
+
+@dataclass(frozen=True, slots=True)
 class Finish:
     """A run's end, as its owner writes it. ``stop_cause``: why the node stopped the run without
     a request, if it did; ``record`` (the run as the owner knows it) is read only if Redis lost
@@ -96,7 +112,8 @@ class SyncItem:
 
 class RunStore:
     """``signer``: on a signed bus the scripts hand their notices back, and the store seals each
-    (bound to its recipient) and publishes it; otherwise the scripts publish them."""
+    (bound to its recipient) and publishes it; otherwise the scripts publish them. ``spawn``:
+    where batches of script calls are sent from (the node's background work)."""
 
     def __init__(
         self,
@@ -105,6 +122,7 @@ class RunStore:
         *,
         retention: float,
         pub_command: str,
+        spawn: Spawn,
         signer: MessageSigner | None = None,
     ) -> None:
         self.redis = redis
@@ -113,7 +131,7 @@ class RunStore:
         self.pub_command = pub_command
         self._signer = signer if signer is not None and signer.enabled else None
         self._script_pub = "" if self._signer is not None else pub_command
-        self._batcher = ScriptBatcher(redis, ALL_SCRIPTS)
+        self._batcher = ScriptBatcher(redis, ALL_SCRIPTS, spawn)
 
     async def _eval(
         self, name: str, keys: list[str], args: list[str], timeout: float | None = None
@@ -155,7 +173,7 @@ class RunStore:
             elif isinstance(sent, BaseException):
                 raise sent
             else:
-                receivers.setdefault(str(body.get("k")), []).append(sent)
+                receivers.setdefault(str(body.get(Field.KIND)), []).append(sent)
         return receivers
 
     # -- nodes --------------------------------------------------------------------------------
@@ -260,41 +278,33 @@ class RunStore:
         return RunInfo.from_redis(_fields(reply[1]))
 
     async def request_cancel(
-        self,
-        *,
-        run_id: str | None,
-        session: tuple[str, str, str] | None,
-        target: str,
-        mode: CancelMode,
-        reason: str | None,
-        requested_by: str | None,
-        cause: StopCause,
-        waiter: str,
-        caller: str,
-        tree: bool = True,
-        request_id: str | None = None,
+        self, order: CancelOrder, *, waiter: str, caller: str, request_id: str | None = None
     ) -> CancelAnswer:
-        """The run (or the session's active run) and, with ``tree``, every run started below it:
-        cancel requests recorded, owners told. The answer lists the descendants deepest first.
-        The call carries a request id (fresh unless given): if redis-py sends it again after its
-        answer was lost, the script answers for the run the first send reached, as it now
-        stands."""
-        key = self.keys.run(run_id) if run_id is not None else self.keys.session(*session or ())
+        """The run (or the session's active run) and, with ``order.tree``, every run started
+        below it: cancel requests recorded, owners told; ``waiter``: the node to ring at its end
+        (``''``: none). The answer lists the descendants deepest first; ``recovering``: not
+        found, but Redis lost the namespace's data lately (ask again). The call carries a
+        request id (fresh unless given): if redis-py sends it again after its answer was lost,
+        the script answers for the run the first send reached, as it now stands."""
+        session = order.session or ("", "", "")
+        key = (
+            self.keys.run(order.run_id) if order.run_id is not None else self.keys.session(*session)
+        )
         reply, sent = await self._eval_notifying(
             "request_cancel",
             [key],
             [
-                target,
-                run_id or "",
-                mode.value,
-                reason or "",
-                requested_by or "",
+                order.target,
+                order.run_id or "",
+                order.mode.value,
+                order.reason or "",
+                order.requested_by or "",
                 waiter,
                 caller,
                 self.retention_ms,
                 self._script_pub,
-                cause.value,
-                "1" if tree else "0",
+                order.cause.value,
+                "1" if order.tree else "0",
                 request_id or secrets.token_hex(12),
             ],
         )
@@ -302,11 +312,14 @@ class RunStore:
             return CancelAnswer(reply[0], None)
         below = [(str(kid), str(code), _run_or_none(fields)) for kid, code, fields, _ in reply[3]]
         # receivers of each cancel message: sent by the store (sealed), else by the script
-        heard = sent.get("cancel") or [int(reply[2]), *(int(entry[3]) for entry in reply[3])]
+        heard = sent.get(MessageKind.CANCEL) or [
+            int(reply[2]),
+            *(int(entry[3]) for entry in reply[3]),
+        ]
         return CancelAnswer(
             reply[0],
             _run_or_none(reply[1]),
-            sum(heard) if "cancel" in sent else int(reply[2]),
+            sum(heard) if MessageKind.CANCEL in sent else int(reply[2]),
             below,
             reply[4] == 1,
             unheard=heard.count(0),
@@ -651,6 +664,19 @@ class RunStore:
             ids = cast(set[str], await self.redis.smembers(self.keys.children(run_id)))
         runs = await self.get_runs(sorted(ids))
         return sorted(runs, key=lambda run: run.created_at)
+
+    async def ping(self) -> None:
+        with translated("ping"):
+            await self.redis.ping()
+
+    async def server_info(self) -> dict[str, Any]:
+        """``INFO`` of the server that holds the namespace (on a cluster: its shard's primary)."""
+        with translated("info"):
+            if isinstance(self.redis, RedisCluster):
+                await self.redis.initialize()  # its map of the slots, once
+                node = self.redis.get_node_from_key(self.keys.active)
+                return await self.redis.info(target_nodes=node)
+            return await self.redis.info()
 
     async def node_run_ids(self, node_id: str) -> set[str]:
         with translated("node_run_ids"):

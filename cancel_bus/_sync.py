@@ -10,16 +10,15 @@ it emitted.
 from __future__ import annotations
 
 import asyncio
-import logging
+import math
 from collections.abc import Callable
 
+from ._duties import Duty
 from ._errors import BusUnavailable, CancelBusError
-from ._redis import raise_if_cancelling
+from ._redis import backoff
 from ._run import RunState
 from ._store import RunStore, SyncItem
 from ._types import BusStats
-
-log = logging.getLogger("cancel_bus")
 
 MAX_PENDING_RELAY = 10_000
 DELIVERY_LINGER = 0.1  # seconds a delivery time waits for the run's finish to carry it
@@ -31,10 +30,9 @@ class RunSync:
         self._node_id = node_id
         self._stats = stats
         self._dirty: dict[str, RunState] = {}
-        self._wake = asyncio.Event()
+        self.wake = asyncio.Event()  # a run changed
         self._linger: asyncio.TimerHandle | None = None
         self._lock = asyncio.Lock()
-        self._stopped = False
 
     def mark(self, state: RunState) -> None:
         self._dirty[state.run_id] = state
@@ -42,15 +40,15 @@ class RunSync:
         if overflow > 0:
             del state.pending_relay[:overflow]
             self._stats.relay_dropped += overflow
-        self._wake.set()
+        self.wake.set()
 
     def mark_delivered(self, state: RunState) -> None:
         """A cancel reached the run: its delivery time is written within
         :data:`DELIVERY_LINGER`, unless the run's finish carries it first (most runs stop at
         their next checkpoint: one round trip, not two)."""
         self._dirty[state.run_id] = state
-        if self._linger is None and not self._wake.is_set():
-            self._linger = asyncio.get_running_loop().call_later(DELIVERY_LINGER, self._wake.set)
+        if self._linger is None and not self.wake.is_set():
+            self._linger = asyncio.get_running_loop().call_later(DELIVERY_LINGER, self.wake.set)
 
     async def flush(self, states: list[RunState]) -> None:
         """Before runs' finishes: write their relayed output (one write for all), so followers
@@ -66,34 +64,23 @@ class RunSync:
         if relayed:
             await self._write(relayed)
 
-    def stop(self) -> None:
-        """End :meth:`run_forever` at its next turn (even if a cancellation was swallowed)."""
-        self._stopped = True
+    def duty(self) -> Duty:
+        """Woken by a run that changed; a write that failed is tried again after a backoff."""
+        return Duty("run updates", self.turn, lambda: math.inf, backoff(0.1, 2.0), self.wake)
+
+    async def turn(self) -> None:
+        """Write every changed run (those whose write fails stay changed, for the next turn)."""
         if self._linger is not None:
             self._linger.cancel()
             self._linger = None
-        self._wake.set()
-
-    async def run_forever(self) -> None:
-        self._stopped = False  # a bus that failed to start may start again
-        while not self._stopped:
-            raise_if_cancelling()  # a cancellation redis-py swallowed ends the loop too
-            await self._wake.wait()
-            self._wake.clear()
-            if self._linger is not None:
-                self._linger.cancel()
-                self._linger = None
-            states = list(self._dirty.values())
-            self._dirty.clear()
-            try:
-                await self._write(states)
-            except CancelBusError as exc:
-                raise_if_cancelling()
-                log.warning("cancel-bus: run updates not written yet: %s", exc)
-                for state in states:
-                    self._dirty.setdefault(state.run_id, state)
-                await asyncio.sleep(0.5)
-                self._wake.set()
+        states = list(self._dirty.values())
+        self._dirty.clear()
+        try:
+            await self._write(states)
+        except CancelBusError:
+            for state in states:
+                self._dirty.setdefault(state.run_id, state)
+            raise
 
     async def _write(self, states: list[RunState]) -> None:
         async with self._lock:

@@ -271,7 +271,7 @@ class BusStats:
     )
     leases_lost: int = _counter("Times Redis said this node's lease was gone (it rejoined)")
     self_fences: int = _counter(
-        "Times this node stopped its runs after no answer from Redis for the self-fence deadline"
+        "Times this node stopped its runs because its lease could run out before Redis renewed it"
     )
     runs_reaped: int = _counter("Runs of dead nodes resolved by this node")
     nodes_reaped: int = _counter("Dead nodes reaped by this node")
@@ -282,6 +282,9 @@ class BusStats:
     relay_dropped: int = _counter("Relayed events dropped: a run emitted faster than Redis took")
     leaks: int = _counter("Calls a run's code made through the library after the run's end")
     probes_failed: int = _counter("Probes of this node's own channel that did not come back")
+    redis_keys_evicted: int = _counter(
+        "Keys the node's Redis evicted while the node watched (any: runs may have been lost)"
+    )
     cancels_unheard: int = _counter(
         "Cancels this node published that no subscriber of the owner's channel received"
     )

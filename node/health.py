@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import asyncio
-
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
-from redis.exceptions import AuthenticationError, NoPermissionError
+
+from cancel_bus import BusMisconfigured, CancelBusError
 
 from .api import Node, errors
 from .auth import Credentials, authenticate
@@ -40,19 +39,23 @@ async def readyz(node: Node) -> JSONResponse:
     """Ready to take traffic: not draining, and in each namespace the bus running, its lease
     renewed, its subscriber connected and its own channel answering its probes (the bus's
     ``problems``, each named in the body); Redis answers."""
-    problems = []
+    problems: list[str] = []
+    warnings: list[str] = []
     if node.draining:
         problems.append("draining")
     for bus in node.buses:
-        problems.extend(f"namespace {bus.keys.namespace}: {problem}" for problem in bus.problems)
+        namespace = f"namespace {bus.keys.namespace}"
+        problems.extend(f"{namespace}: {problem}" for problem in bus.problems)
+        warnings.extend(f"{namespace}: {warning}" for warning in bus.warnings)
     try:
-        async with asyncio.timeout(1.0):
-            await node.bus.redis.ping()
-    except (AuthenticationError, NoPermissionError):
+        await node.bus.ping(timeout=1.0)
+    except BusMisconfigured:  # no detail: /readyz answers anyone
         problems.append("redis refused access (its user or password)")
-    except Exception:
+    except CancelBusError:
         problems.append("redis unreachable")
-    body = Readiness(ready=not problems, node_id=node.bus.node_id, problems=problems)
+    body = Readiness(
+        ready=not problems, node_id=node.bus.node_id, problems=problems, warnings=warnings
+    )
     return JSONResponse(status_code=503 if problems else 200, content=body.model_dump())
 
 

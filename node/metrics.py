@@ -99,6 +99,12 @@ class _BusCollector(Collector):
                 "Reconnects of the subscriber connection",
                 labels=["bus_namespace"],
             ),
+            GaugeMetricFamily(
+                "cancel_bus_accepted_risks",
+                "Risks the node runs with that its settings accepted (an evicting Redis: "
+                "CANCEL_BUS_ACCEPT_EVICTION); /readyz names them",
+                labels=["bus_namespace"],
+            ),
         ]
         connections = GaugeMetricFamily(
             "cancel_bus_redis_connections",
@@ -118,7 +124,7 @@ class _BusCollector(Collector):
                 connections.add_metric([namespace, str(attributes[_CONNECTION_STATE])], count)
             for family, value in zip(
                 families,
-                (len(bus.local_runs()), int(bus.ready), bus.pubsub_reconnects),
+                (len(bus.local_runs()), int(bus.ready), bus.pubsub_reconnects, len(bus.warnings)),
                 strict=True,
             ):
                 family.add_metric([namespace], value)

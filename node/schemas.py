@@ -304,3 +304,6 @@ class Readiness(BaseModel):
     ready: bool
     node_id: str
     problems: list[str]
+    warnings: list[str] = Field(
+        default=[], description="risks the node runs with, accepted by its settings"
+    )

@@ -132,6 +132,7 @@ class NodeService:
                 verification_keys=s.accepted_keys(),
                 self_fence_after=s.self_fence_after,
                 profile_checkpoints=s.profile_checkpoints,
+                accept_eviction=s.accept_eviction,
             )
             await bus.start()
         self.metrics.watch(self._buses)

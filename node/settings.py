@@ -17,7 +17,6 @@ from pydantic import (
     SecretStr,
     StringConstraints,
     ValidationError,
-    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -82,10 +81,16 @@ class Settings(BaseSettings):
     )
     self_fence_after: float | None = Field(
         default=None,
-        ge=0.3,
-        le=86400,
+        gt=0,
+        le=3600,
         allow_inf_nan=False,
-        description="seconds without Redis after which the node stops its runs",
+        description="seconds after its last renewal at which a node Redis does not renew stops "
+        "its runs; at most (and by default) the lease less a margin",
+    )
+    accept_eviction: bool = Field(
+        default=False,
+        description="start on a Redis whose maxmemory-policy may evict keys (it would drop live "
+        "runs; refused otherwise); /readyz names the risk",
     )
     profile_checkpoints: bool = Field(
         default=False,
@@ -96,16 +101,6 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(default=64 * 1024, ge=1024, le=16 * 1024 * 1024)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     access_log: bool = Field(default=True, description="log every HTTP request (uvicorn's)")
-
-    @field_validator("self_fence_after")
-    @classmethod
-    def _self_fence_outlasts_the_lease(
-        cls, value: float | None, info: ValidationInfo
-    ) -> float | None:
-        lease_ttl = info.data.get("lease_ttl")
-        if value is not None and lease_ttl is not None and value < lease_ttl:
-            raise ValueError("self_fence_after must be at least lease_ttl")
-        return value
 
     @field_validator("data_dir")
     @classmethod

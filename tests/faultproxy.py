@@ -1,5 +1,6 @@
 """A TCP proxy in front of a real Redis server that injects faults: cut connections (RST), refuse
-or black-hole new ones (a partition without any packet back), add latency."""
+or black-hole new ones (a partition without any packet back), add latency, or answer every
+command itself with one error reply (a server in a state the tests cannot put a real one in)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ class FaultProxy:
         self.target_port = target_port
         self.port = port or free_port()
         self.latency = 0.0
-        self.mode = "pass"  # pass | refuse | blackhole
+        self.mode = "pass"  # pass | refuse | blackhole | answer
+        self.reply = b""  # the error reply of the answer mode
         self.connections_made = 0
         self._server: asyncio.Server | None = None
         self._links: set[tuple[asyncio.StreamWriter, asyncio.StreamWriter]] = set()
@@ -56,6 +58,14 @@ class FaultProxy:
         self.mode = "blackhole"
         self._healed.clear()
 
+    def answer(self, reply: str) -> None:
+        """Cut, and answer every command of new connections with the error ``reply`` (e.g.
+        ``"READONLY You can't write against a read only replica."``) until :meth:`heal`."""
+        self.mode = "answer"
+        self.reply = f"-{reply}\r\n".encode()
+        self._healed.clear()
+        self.cut()
+
     def heal(self) -> None:
         self.mode = "pass"
         for writer in self._held:
@@ -69,6 +79,9 @@ class FaultProxy:
             return
         if self.mode == "blackhole":
             self._held.add(writer)
+            return
+        if self.mode == "answer":
+            await self._answer(reader, writer)
             return
         try:
             up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target_port)
@@ -88,6 +101,20 @@ class FaultProxy:
         self._links.discard(link)
         for w in link:
             _close(w)
+
+    async def _answer(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """Read each RESP command (an array of bulk strings) and answer it with the reply."""
+        with contextlib.suppress(OSError, asyncio.IncompleteReadError, ValueError):
+            while self.mode == "answer":
+                header = await reader.readline()
+                if not header.startswith(b"*"):
+                    break
+                for _ in range(int(header[1:])):
+                    length = int((await reader.readline())[1:])
+                    await reader.readexactly(length + 2)
+                writer.write(self.reply)
+                await writer.drain()
+        _reset(writer)
 
     async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         while True:

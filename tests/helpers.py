@@ -3,14 +3,21 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
-from typing import Any
+import time
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, TypeVar
 
 from cancel_bus import CancelBus, RunHandle
 
 from .faultproxy import FaultProxy
 
+T = TypeVar("T")
 WAIT = 10.0  # the bound of every wait in the tests
+
+
+def spawn(name: str, work: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+    """A node's ``Duties.spawn`` for a room built alone in a test: a plain task."""
+    return asyncio.create_task(work, name=name)
 
 
 class LoopingRun:
@@ -23,6 +30,7 @@ class LoopingRun:
         self.started = asyncio.Event()
         self.finish = asyncio.Event()
         self.handle: RunHandle | None = None
+        self.stopped_at: float | None = None  # monotonic: when its code stopped going on
         self.chunks_after_observed = 0
         self.task: asyncio.Task[None] | None = None
 
@@ -41,11 +49,14 @@ class LoopingRun:
             self.handle = run
             self.started.set()
             i = 0
-            while not self.finish.is_set():
-                run.emit(f"c{i} ")
-                i += 1
-                run.checkpoint()
-                await asyncio.sleep(self.step)
+            try:
+                while not self.finish.is_set():
+                    run.emit(f"c{i} ")
+                    i += 1
+                    run.checkpoint()
+                    await asyncio.sleep(self.step)
+            finally:
+                self.stopped_at = time.monotonic()
 
     async def done(self) -> None:
         assert self.task is not None
@@ -106,15 +117,17 @@ async def crash(bus: CancelBus, proxy: FaultProxy) -> None:
     background tasks stop, so it neither heartbeats, nor listens, nor leaves. Its runs' code
     goes on, as in a process that hangs; the test stops them."""
     proxy.refuse()
-    await bus._node.shutdown_tasks()
+    bus._node.lease.stop()  # no fence either: the node is as good as gone
+    await bus._node.duties.stop()
     bus._lifecycle.phase = "closed"
 
 
 async def eventually(
-    check: Callable[[], Awaitable[bool]], timeout: float = WAIT, interval: float = 0.02
-) -> None:
+    check: Callable[[], Awaitable[T | None]], timeout: float = WAIT, interval: float = 0.02
+) -> T:
     """Poll an observable condition of a real system until true (never used as a sync point
-    between our own tasks)."""
+    between our own tasks); -> the check's first true answer."""
     async with asyncio.timeout(timeout):
-        while not await check():
+        while not (found := await check()):
             await asyncio.sleep(interval)
+        return found

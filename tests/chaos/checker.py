@@ -16,11 +16,12 @@ from cancel_bus import RunInfo
 from cancel_bus._keys import KeySpace
 
 from .faults import DATA_LOSS
-from .harness import LEASE_TTL, RETENTION, SELF_FENCE_AFTER, SWEEP, Cluster, Fault
+from .harness import LEASE_TTL, RETENTION, RIDE_OUT, SWEEP, Cluster, Fault
 from .workload import Op
 
 ANSWER_BOUND = 1.5  # seconds a cancel may take beyond its own timeout (HTTP, a busy machine)
 CLOCK_SLACK = 0.05  # Redis and the workload read the same host clock
+THAW = 0.25  # seconds a SIGCONTed node's code may take one step before its fence stops it
 # A node fault explains what befalls that node's runs from when it strikes until a lease and a
 # sweep after it is over (+1 s: a loaded 2-core machine)
 BLAME_WINDOW = LEASE_TTL + SWEEP + 1.0
@@ -34,6 +35,7 @@ CATEGORIES = (
     "no_leak",
     "cancelled_only_if_asked",
     "stall_is_not_death",
+    "no_code_after_its_end",
 )
 
 
@@ -235,6 +237,47 @@ class Checker:
                     f"{run_id}: {len(late)} emission(s) after the cancel was observed",
                 )
 
+    # -- 2b. no answer and no record says a run ended while its code went on ------------------
+
+    def check_no_code_after_its_end(self) -> None:
+        """A run recorded ended (by its owner, or resolved ``owner_lost`` by another node), or
+        answered ``already_finished``/``owner_lost``, emits nothing after that moment: a node
+        cut off from Redis stops its code before its lease can expire (DESIGN §9)."""
+        for run_id, entries in self.audit.items():
+            record = self.last_record(run_id)
+            moments = (
+                [("recorded ended", record.finished_at)] if record and record.finished_at else []
+            )
+            moments += [
+                (f"answered {op.outcome}", op.ended)
+                for op in self.cancels.get(run_id, ())
+                if op.outcome in ("already_finished", "owner_lost")
+            ]
+            for what, at in moments:
+                late = [
+                    e
+                    for e in entries
+                    if e["event"] == "emit"
+                    and e["at"] > at + CLOCK_SLACK
+                    and not self.just_thawed(e["node"], e["at"])
+                ]
+                if late:
+                    self.fail(
+                        "no_code_after_its_end",
+                        f"{run_id}: {len(late)} emission(s) after it was {what} "
+                        f"({late[-1]['at'] - at:.3f}s after); {self.story(run_id, record, at)}",
+                    )
+                    break
+
+    def just_thawed(self, node: str, at: float) -> bool:
+        """``at`` is in the first moments after a SIGSTOP of ``node`` ended: a frozen process
+        cannot stop its code while frozen, and on waking the code's next step may come before
+        the node's first turn of its own (then the fence stops it)."""
+        return any(
+            f.kind == "sigstop" and f.target == node and f.end <= at <= f.end + THAW
+            for f in self.cluster.fault_log
+        )
+
     # -- 3. every cancel answered in time, with an outcome the history bears out ----------
 
     def cancel_ops(self) -> list[Op]:
@@ -426,8 +469,9 @@ class Checker:
     def check_stall_is_not_death(self) -> None:
         """Only a fault of a run's own node (within BLAME_WINDOW) may end it ``owner_lost``,
         ``lease_lost`` or ``redis_unreachable``, or stop its code without a cancel request:
-        never a Redis-wide stall or a failover (unless Redis was gone for longer than the
-        self-fence deadline: then ``redis_unreachable`` is the honest cause)."""
+        never a Redis-wide stall or a failover shorter than a node rides out (past it, each node
+        stops its runs before its lease could run out: ``redis_unreachable`` is the honest
+        cause)."""
         for fault in self.cluster.fault_log:
             if not fault.node_level:
                 self.report.unexplained_by_fault[fault.kind] += 0  # listed, even if harmless
@@ -469,6 +513,8 @@ class Checker:
         stop = self.stop_seen(run_id)
         if stop is None or self.asked(run_id, stop["at"]) or self.blame(stop["node"], stop["at"]):
             return None
+        if self.outage_past_the_ride_out(float(stop["at"])):
+            return None  # its node stopped it before its lease could run out
         return stop
 
     def stop_seen(self, run_id: str) -> dict[str, Any] | None:
@@ -498,10 +544,12 @@ class Checker:
         )
 
     def long_outage(self, record: RunInfo, at: float) -> bool:
-        """Redis gone for longer than the self-fence deadline: ``redis_unreachable`` is true."""
-        return record.end_reason == "redis_unreachable" and any(
-            f.end - f.at >= SELF_FENCE_AFTER for f in self.redis_faults_near(at)
-        )
+        """Redis gone for longer than the nodes ride out: ``redis_unreachable`` is true."""
+        return record.end_reason == "redis_unreachable" and self.outage_past_the_ride_out(at)
+
+    def outage_past_the_ride_out(self, at: float) -> bool:
+        """A Redis-wide fault near ``at`` lasted longer than a node rides out (``RIDE_OUT``)."""
+        return any(f.end - f.at >= RIDE_OUT for f in self.redis_faults_near(at))
 
     def redis_faults_near(self, at: float) -> list[Fault]:
         """Redis-wide faults that were on, or recently over, at ``at``: the likely culprits."""

@@ -42,9 +42,9 @@ TOPOLOGIES: tuple[Topology, ...] = ("proxied", "sentinel")
 LEASE_TTL = 2.0
 SWEEP = 2.0  # the bus default sweep interval
 RETENTION = 600.0
-# The library's deadline for a node without any answer from Redis to stop its runs itself
-# (``redis_unreachable``); its default for a 2 s lease: max(60, 3 leases).
-SELF_FENCE_AFTER = 60.0
+# The longest Redis-wide outage the nodes ride out without stopping their runs: past it, each
+# stops them itself before its lease could run out (``redis_unreachable``, DESIGN §9).
+RIDE_OUT = 0.75 * LEASE_TTL
 # Sentinel: the primary is declared down once a PING has waited this long for its reply. The
 # stalls the sentinel topology injects (at most 0.65 lease = 1.3 s) must not become failovers:
 # on a loaded machine the primary answers up to ~0.7 s after a stall ends (the backlog first).

@@ -51,6 +51,7 @@ async def run_chaos(profile: Profile, workdir: Path) -> Report:
             await checker.load(redis)
             checker.check_terminal_states()
             checker.check_cancelled_is_true()
+            checker.check_no_code_after_its_end()
             checker.check_answers()
             checker.measure_orphan_resolution()
             await checker.check_no_leak(redis)

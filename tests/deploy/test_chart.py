@@ -703,11 +703,15 @@ def test_schema_is_as_strict_as_the_settings_model() -> None:
 def _check_bounds(rule: dict[str, Any], metadata: Any, key: str) -> None:
     bounds: dict[str, Any] = {}
     for item in metadata:
-        for attr in ("ge", "le", "max_length", "pattern"):
+        for attr in ("ge", "gt", "le", "max_length", "pattern"):
             if getattr(item, attr, None) is not None:
                 bounds[attr] = getattr(item, attr)
     if "ge" in bounds:
         assert rule["minimum"] >= bounds["ge"], key
+    if "gt" in bounds:
+        inf = float("inf")
+        exclusive, inclusive = rule.get("exclusiveMinimum", -inf), rule.get("minimum", -inf)
+        assert exclusive >= bounds["gt"] or inclusive > bounds["gt"], key
     if "le" in bounds:
         assert rule["maximum"] <= bounds["le"], key
     if "max_length" in bounds:

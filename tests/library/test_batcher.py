@@ -14,6 +14,8 @@ from cancel_bus import BusUnavailable
 from cancel_bus._batcher import ScriptBatcher
 from node.embedded import EmbeddedServer
 
+from ..helpers import spawn
+
 ANSWER = """
 local calls = cjson.decode(ARGV[1])
 local answers = {}
@@ -42,7 +44,7 @@ async def test_a_batch_queued_behind_this_nodes_own_batches_is_not_timed_out(
     client: aioredis.Redis,
 ) -> None:
     names = [f"spin{i}" for i in range(5)]  # scripts take turns: one batch each
-    batcher = ScriptBatcher(client, {name: spinning(150) for name in names})
+    batcher = ScriptBatcher(client, {name: spinning(150) for name in names}, spawn)
     # Redis runs them one after another, 150 ms each, and may hold the replies of those it read
     # together until the last has run: 750 ms of silence, none of it idle
     answers = await asyncio.gather(*(batcher.call(name, ["k"], [], timeout=0.3) for name in names))
@@ -52,7 +54,7 @@ async def test_a_batch_queued_behind_this_nodes_own_batches_is_not_timed_out(
 async def test_an_answer_left_unread_while_the_loop_stalled_is_not_a_timeout(
     client: aioredis.Redis,
 ) -> None:
-    batcher = ScriptBatcher(client, {"answer": spinning(50)})
+    batcher = ScriptBatcher(client, {"answer": spinning(50)}, spawn)
     assert await batcher.call("answer", ["k"], []) == "ok"  # a connection is ready
     asyncio.get_running_loop().call_later(0.01, time.sleep, 0.5)  # a GC pass, a long turn
     # Redis answers after 50 ms; the loop reads it only after its timeout would have fired
@@ -64,7 +66,7 @@ async def test_a_silent_redis_still_fails_the_call_within_its_timeout(
 ) -> None:
     client = aioredis.Redis.from_url(own_server.url, decode_responses=True)
     try:
-        batcher = ScriptBatcher(client, {"answer": ANSWER})
+        batcher = ScriptBatcher(client, {"answer": ANSWER}, spawn)
         assert await batcher.call("answer", ["k"], []) == "ok"
         own_server.pause()
         try:

@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from cancel_bus import CancelBus, Outcome, RunHandle, RunStatus
+from cancel_bus import BusUnavailable, CancelBus, Outcome, RunHandle, RunStatus
 from node.embedded import EmbeddedServer
 
 from ..helpers import WAIT, GatedRun, LoopingRun, eventually
@@ -54,7 +54,7 @@ async def test_accepted_cancel_and_waiter_survive_data_loss(
     ids = [run.run_id]
     # The cancel is accepted but not yet delivered when Redis forgets everything: make the
     # owner miss the message by stopping its listener first.
-    await a._node.inbox.unsubscribe()
+    a._node.inbox.unsubscribe()
     waiter = asyncio.create_task(b.cancel(ids[0], timeout=3 * LEASE + 5))
     await eventually(lambda: _is_stopping(b, ids[0]))
     own_server.restart()
@@ -95,3 +95,33 @@ async def test_finish_during_outage_is_recorded_after_restart(
 async def _is_stopping(bus: CancelBus, run_id: str) -> bool:
     info = await bus.get_run(run_id)
     return info is not None and info.stopping
+
+
+@pytest.mark.parametrize("by_session", [False, True])
+async def test_a_cancel_right_after_data_loss_waits_for_the_owner_not_for_not_found(
+    own_server: EmbeddedServer, pair: tuple[CancelBus, ...], by_session: bool
+) -> None:
+    """Sent before the owner re-asserts its run (its heartbeat is up to an interval away), a
+    cancel is not answered ``not_found``: Redis has lost the caller's own record too, so the
+    caller asks again until the run is back."""
+    a, b = pair
+    run = await LoopingRun(a, app_name="app", user_id="u", session_id="s").start()
+    await asyncio.to_thread(own_server.restart)  # every key is gone
+    if by_session:
+        result = await b.cancel_session("app", "u", "s", timeout=WAIT)
+    else:
+        result = await b.cancel(run.run_id, timeout=WAIT)
+    assert result.outcome is Outcome.CANCELLED
+    await run.done()
+    assert a.stats.runs_reasserted == 1
+
+
+async def test_an_unknown_run_after_data_loss_is_not_found_once_the_owners_had_their_lease(
+    own_server: EmbeddedServer, pair: tuple[CancelBus, ...]
+) -> None:
+    _, b = pair
+    await asyncio.to_thread(own_server.restart)
+    with pytest.raises(BusUnavailable, match="whether it exists is not known yet"):
+        await b.cancel("never-was", timeout=0.2)  # too soon to know
+    result = await b.cancel("never-was", timeout=2 * LEASE + 2)  # a lease after the rejoins
+    assert result.outcome is Outcome.NOT_FOUND

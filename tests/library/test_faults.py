@@ -304,18 +304,31 @@ async def test_a_close_without_redis_says_the_lease_was_not_released(
     assert not any(line.endswith(" left") for line in said), said
 
 
-async def test_a_failed_heartbeat_says_how_long_and_what_happens_to_the_runs(
+async def test_a_failing_heartbeat_is_one_line_per_change_of_state(
     make_bus: BusFactory, proxy: FaultProxy, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.WARNING, logger="cancel_bus")
-    await make_bus(url=proxy.url, lease_ttl=1, self_fence_after=30)
-    proxy.blackhole()  # Redis silent: each beat times out
+    caplog.set_level(logging.INFO, logger="cancel_bus")
+    a = await make_bus(url=proxy.url, lease_ttl=2)
+    proxy.blackhole()  # Redis silent: each beat times out, and is retried many times
 
-    async def warned() -> bool:
-        return any("heartbeat of" in record.getMessage() for record in caplog.records)
+    def lines(words: str) -> list[str]:
+        return [r.getMessage() for r in caplog.records if words in r.getMessage()]
 
-    await eventually(warned)
+    await eventually(lambda: _self_fenced(a), timeout=WAIT)  # 1.9 s after the last renewal
     proxy.heal()
-    line = next(r.getMessage() for r in caplog.records if "heartbeat of" in r.getMessage())
-    assert "s since the last renewal; runs go on; stopped at 30 s): " in line, line
-    assert not line.endswith(": "), line  # a reason is given
+    await eventually(lambda: _said(caplog, "heartbeat: over after"))
+    (failing,) = lines("heartbeat: ")[:1]  # the first line says how long and what happens
+    assert "s since the last renewal; its runs go on for " in failing, failing
+    assert "s more unless Redis renews the lease: " in failing and not failing.endswith(": ")
+    assert len(lines("since the last renewal")) == 1, lines("heartbeat")  # not one per attempt
+    (stopped,) = lines("stops its runs")
+    assert "redis_unreachable" in stopped and "may run out" in stopped
+    assert len(lines("heartbeat: over after")) == 1
+
+
+async def _self_fenced(bus: CancelBus) -> bool:
+    return bus.stats.self_fences == 1
+
+
+async def _said(caplog: pytest.LogCaptureFixture, words: str) -> bool:
+    return any(words in record.getMessage() for record in caplog.records)

@@ -16,7 +16,7 @@ from cancel_bus._lease import Lease
 from cancel_bus._store import RunStore
 from cancel_bus._types import StopCause
 
-from ..helpers import WAIT
+from ..helpers import WAIT, spawn
 
 DEAD_RUNS = 1000
 
@@ -27,7 +27,7 @@ class Holder:
 
     async def lease_renewed(self, recorded_runs: int) -> None: ...
 
-    async def lease_lost(self, cause: StopCause, why: str) -> None: ...
+    def lease_lost(self, cause: StopCause, why: str) -> None: ...
 
     async def lease_missing(self) -> None: ...
 
@@ -41,7 +41,9 @@ async def test_reaping_yields_to_the_next_heartbeat(
     # a dead node with more runs than one beat can reap must not hold up the reaper's own
     # heartbeat until its lease runs out: each beat reaps for half an interval at most
     monkeypatch.setattr(_lease, "REAP_BUDGET", 1)  # a script per run
-    store = RunStore(raw_redis, KeySpace(namespace), retention=3600, pub_command="PUBLISH")
+    store = RunStore(
+        raw_redis, KeySpace(namespace), retention=3600, pub_command="PUBLISH", spawn=spawn
+    )
     epoch = uuid.uuid4().hex[:16]
     assert (await store.register_node("dead", 60, "test", epoch, restore=False))[0] == "ok"
     for i in range(DEAD_RUNS):
@@ -57,7 +59,7 @@ async def test_reaping_yields_to_the_next_heartbeat(
 
     monkeypatch.setattr(store, "reap", timed_reap)
     holder = Holder()
-    lease = Lease(store, node_id="reaper", lease_ttl=0.3, self_fence_after=60, version="test")
+    lease = Lease(store, node_id="reaper", lease_ttl=0.5, self_fence_after=60, version="test")
     lease.holder = holder
 
     await asyncio.wait_for(lease.reap(), WAIT)

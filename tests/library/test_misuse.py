@@ -139,7 +139,7 @@ async def test_a_probe_loop_whose_cancellation_was_swallowed_ends_with_its_task(
     monkeypatch.setattr(RunStore, "publish_probe", swallowing)
     await make_bus(lease_ttl=30.0)  # a probe every 5 s
     await asyncio.wait_for(entered.wait(), WAIT)
-    probing = next(task for task in asyncio.all_tasks() if "probe_forever" in repr(task))
+    probing = next(task for task in asyncio.all_tasks() if task.get_name() == "cancel-bus probe")
     probing.cancel()
     done, _ = await asyncio.wait({probing}, timeout=2.0)  # not a probe interval later, or never
     assert probing in done

@@ -24,15 +24,24 @@ from cancel_bus._scripts import (
     MAX_TOMBSTONES,
     PRELUDE,
 )
-from cancel_bus._store import Finish, RunStore
+from cancel_bus._store import CancelOrder, Finish, RunStore
 from cancel_bus._types import CancelMode, RunStatus, StopCause
+
+from ..helpers import spawn
 
 LEASE = 30.0
 
 
+CALLER = "caller"  # the node that asks for cancels (a live one: else Redis lost data lately)
+
+
 @pytest.fixture
 async def store(raw_redis: aioredis.Redis, namespace: str) -> RunStore:
-    return RunStore(raw_redis, KeySpace(namespace), retention=3600, pub_command="PUBLISH")
+    store = RunStore(
+        raw_redis, KeySpace(namespace), retention=3600, pub_command="PUBLISH", spawn=spawn
+    )
+    await _node(store, CALLER)
+    return store
 
 
 async def _node(store: RunStore, node_id: str = "n1") -> str:
@@ -62,29 +71,23 @@ async def _cancel(
     reason: str = "why",
     waiter: str = "",
 ) -> tuple[str, object, int]:
-    answer = await store.request_cancel(
-        run_id=run_id,
-        session=None,
-        target=f"run:{run_id}",
-        mode=mode,
-        reason=reason,
-        requested_by="tester",
-        cause=StopCause.USER,
-        waiter=waiter,
-        caller="caller",
-    )
+    order = CancelOrder(f"run:{run_id}", run_id, None, mode, reason, "tester", StopCause.USER)
+    answer = await store.request_cancel(order, waiter=waiter, caller=CALLER)
     return answer.code, answer.run, answer.receivers
 
 
 def _body(script: str) -> str:
     """One call of a batched script (see ``_scripts.BATCH_HEAD``)."""
-    return script.removeprefix(PRELUDE + BATCH_HEAD).removesuffix(BATCH_TAIL)
+    text = script.split("\n", 1)[1]  # after the flags
+    return text.removeprefix(PRELUDE + BATCH_HEAD).removesuffix(BATCH_TAIL)
 
 
 def test_every_script_names_its_keys_and_argv_as_locals_at_the_top() -> None:
-    for name, text in ALL_SCRIPTS.items():
+    for name, script in ALL_SCRIPTS.items():
+        shebang, text = script.split("\n", 1)
+        assert shebang.startswith("#!lua"), name  # flags declared: refused whole, or run whole
         assert text.startswith(PRELUDE + BATCH_HEAD) and text.endswith(BATCH_TAIL), name
-        lines = _body(text).strip().splitlines()
+        lines = _body(script).strip().splitlines()
         assert lines[0].startswith("local ") and "KEYS[" in lines[0], name
         assert all("KEYS[" not in line for line in lines[1:]), name
         argv_lines = [line for line in lines if "ARGV[" in line]
@@ -360,18 +363,16 @@ async def test_a_cancel_sent_again_after_its_answer_was_lost_answers_for_what_it
     session = ("app", "u", "s")
 
     async def session_cancel(request_id: str) -> str:
-        answer = await store.request_cancel(
-            run_id=None,
-            session=session,
-            target="session:app:u:s",
-            mode=CancelMode.CHECKPOINT,
-            reason="stop",
-            requested_by="tester",
-            cause=StopCause.USER,
-            waiter="",
-            caller="caller",
-            request_id=request_id,
+        order = CancelOrder(
+            "session:app:u:s",
+            None,
+            session,
+            CancelMode.CHECKPOINT,
+            "stop",
+            "tester",
+            StopCause.USER,
         )
+        answer = await store.request_cancel(order, waiter="", caller=CALLER, request_id=request_id)
         return answer.code
 
     await _start(store, "r1", "n1", epoch, session)

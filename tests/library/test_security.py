@@ -7,6 +7,7 @@ import asyncio
 import json
 import secrets
 import subprocess
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -16,7 +17,7 @@ from redis.exceptions import NoPermissionError
 
 from cancel_bus import BusUnavailable, CancelBus, Outcome, RunStatus
 from cancel_bus._keys import KeySpace
-from cancel_bus._messages import MessageSigner
+from cancel_bus._messages import SEAL_FIELDS, Field, MessageKind, MessageSigner
 from node.embedded import EmbeddedServer, free_port
 
 from ..conftest import BusFactory
@@ -130,6 +131,39 @@ async def test_a_re_aimed_finish_notice_does_not_end_a_wait_early(
     stubborn.set()
     await task
     await pubsub.aclose()
+
+
+@pytest.mark.parametrize("signing_key", [None, KEY])
+async def test_every_message_a_node_sends_passes_its_own_checks(
+    make_bus: BusFactory, signing_key: str | None
+) -> None:
+    """Each kind of message (a cancel, a finish notice, a probe), made by its real producer,
+    is taken by its recipient, signed or not: a probe that never comes back leaves a node
+    unready for good (the probe's nonce once used the seal's field)."""
+    a = await make_bus(signing_key=signing_key, lease_ttl=1.5)
+    b = await make_bus(signing_key=signing_key, lease_ttl=1.5)
+    run = await LoopingRun(a).start()
+    result = await b.cancel(run.run_id, timeout=WAIT)  # a cancel, then a finish notice
+    assert result.outcome is Outcome.CANCELLED
+    await run.done()
+    for bus in (a, b):  # probes every 0.3 s: three came back
+        await eventually(lambda bus=bus: _probed(bus, 3))  # type: ignore[misc]
+        assert bus.ready and bus.stats.probes_failed == 0, bus.problems
+        assert bus.stats.messages_rejected == 0
+    assert a.stats.cancels_delivered == 1
+
+
+async def _probed(bus: CancelBus, times: int) -> bool:
+    node = next(n for n in await bus.list_nodes() if n.node_id == bus.node_id)
+    return node.probe_at is not None and bus._node.inbox.probes_back >= times
+
+
+def test_a_message_may_not_use_the_seal_fields() -> None:
+    signer = MessageSigner("ns", [KEY.encode()], time.time)
+    for field in SEAL_FIELDS:
+        with pytest.raises(ValueError, match="seal's fields"):
+            signer.seal({Field.KIND: MessageKind.PROBE, field: "x"})
+    assert len({f.value for f in Field}) == len(Field)  # no two names for one field
 
 
 async def test_signing_keys_rotate_without_dropping_messages(

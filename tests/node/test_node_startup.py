@@ -233,9 +233,8 @@ async def test_a_stop_while_the_node_joins_ends_the_join_at_once(
             "CANCEL_BUS_REDIS_URL?",
         ),
         (
-            {"lease_ttl": "5", "self_fence_after": "2"},
-            "bad configuration: CANCEL_BUS_SELF_FENCE_AFTER: Value error, self_fence_after "
-            "must be at least lease_ttl",
+            {"lease_ttl": "5", "self_fence_after": "0"},
+            "bad configuration: CANCEL_BUS_SELF_FENCE_AFTER: Input should be greater than 0",
         ),
         ({"retention": "inf"}, "bad configuration: CANCEL_BUS_RETENTION: Input should be a finite"),
     ],
@@ -287,3 +286,27 @@ def test_an_embedded_server_that_dies_is_started_again(tmp_path: Path) -> None:
         _, stderr = process.communicate(timeout=30)
     assert "the embedded server exited (code 0)" in stderr, stderr
     assert "the embedded server is back at" in stderr and "Traceback" not in stderr, stderr
+
+
+def test_an_evicting_redis_is_refused_unless_accepted_then_named_by_readiness(
+    own_server: EmbeddedServer,
+) -> None:
+    with redis.Redis.from_url(own_server.url) as admin:
+        admin.config_set("maxmemory-policy", "allkeys-lru")
+    last = _refusal(_serve(own_server.url))
+    assert last.startswith("cancel-bus: cannot start: Redis's maxmemory-policy is allkeys-lru"), (
+        last
+    )
+    assert "CANCEL_BUS_ACCEPT_EVICTION=true" in last
+    port = free_port()
+    process = _serve(own_server.url, port=port, accept_eviction="true")
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_ready(url, process)
+        (warning,) = httpx.get(f"{url}/readyz", timeout=5).json()["warnings"]
+        assert "maxmemory-policy is allkeys-lru (accepted)" in warning
+        metrics = httpx.get(f"{url}/metrics", timeout=5).text
+        assert 'cancel_bus_accepted_risks{bus_namespace="cancel-bus"} 1.0' in metrics
+    finally:
+        process.terminate()
+        process.communicate(timeout=30)

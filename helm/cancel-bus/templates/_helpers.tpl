@@ -158,9 +158,6 @@ Default margin 10 s, at least 5 s, or the kubelet SIGKILLs a node mid-drain.
 {{- if lt (int $startup) (int $needed) }}
 {{- fail (printf "probes.startup.periodSeconds x failureThreshold (%d s) must be at least config.leaseTtl + 10 (%d s): a restarted container waits out its previous lease" $startup $needed) }}
 {{- end }}
-{{- if lt (.Values.config.selfFenceAfter | float64) (.Values.config.leaseTtl | float64) }}
-{{- fail "config.selfFenceAfter must be at least config.leaseTtl" }}
-{{- end }}
 {{- if and .Values.signingKey.verificationKeysSecretKey (not .Values.signingKey.existingSecret) }}
 {{- fail "signingKey.verificationKeysSecretKey needs signingKey.existingSecret (the keys live in it)" }}
 {{- end }}
