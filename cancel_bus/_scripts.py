@@ -503,10 +503,14 @@ return {'ok', NOW, redis.call('SCARD', key_node_runs(node_id))}
 
 # KEYS[1] nodes zset
 # ARGV[1] budget (runs), ARGV[2] retention_ms, ARGV[3] pub command
+# Also prunes the finished index of what is older than the retention (it is pruned at every
+# finish too, but a namespace where nothing finishes kept stale entries for good).
 # -> {notices, {runs resolved, nodes reaped, more (1 if expired nodes remain)}}
 REAP = _script("""
 local nodes = KEYS[1]
 local budget, retention_ms, pub = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3]
+-- the finished index loses what expired with its records, even when nothing finishes
+redis.call('ZREMRANGEBYSCORE', key_finished(), '-inf', fmt(NOW_S - retention_ms / 1000))
 local expired = redis.call('ZRANGEBYSCORE', nodes, '-inf', fmt(lease_now()), 'LIMIT', 0, 16)
 local resolved, reaped = 0, 0
 for _, node_id in ipairs(expired) do

@@ -1,6 +1,6 @@
 """A condition that may last (heartbeats failing, finishes waiting for Redis): logged once when it
-starts, again only when its kind of failure changes, and once when it ends — one line per change
-of state, never one per attempt."""
+starts, again only for a kind of failure not seen yet in this spell (two kinds taking turns are
+two lines, not one per attempt), and once when it ends."""
 
 from __future__ import annotations
 
@@ -14,19 +14,19 @@ class Trouble:
     def __init__(self, what: str) -> None:
         self.what = what
         self.since: float | None = None  # monotonic: when it started
-        self._kind = ""
+        self._kinds: set[str] = set()  # the kinds of failure said in this spell
 
     @property
     def on(self) -> bool:
         return self.since is not None
 
     def failing(self, kind: str, detail: str) -> None:
-        """An attempt failed; ``kind`` says what kind of failure (a change is logged again)."""
+        """An attempt failed; ``kind`` says what kind of failure (a new one is logged again)."""
         if self.since is None:
             self.since = time.monotonic()
-        elif kind == self._kind:
+        elif kind in self._kinds:
             return
-        self._kind = kind
+        self._kinds.add(kind)
         log.warning("cancel-bus: %s: %s", self.what, detail)
 
     def over(self, detail: str = "") -> None:
@@ -34,7 +34,8 @@ class Trouble:
         if self.since is None:
             return
         lasted = time.monotonic() - self.since
-        self.since, self._kind = None, ""
+        self.since = None
+        self._kinds.clear()
         log.info("cancel-bus: %s: over after %.1f s%s", self.what, lasted, detail)
 
 

@@ -138,7 +138,7 @@ async def start_run_streaming(
     return sse.run_stream(
         bus,
         info,
-        node.metrics.open_streams,
+        node.streams,
         from_start=True,
         on_disconnect=lambda: node.cancel_soon(bus, info.run_id, "client_disconnected"),
     )
@@ -153,9 +153,7 @@ async def start_run_streaming(
 async def follow_run(run_id: IdPath, node: Node, principal: CurrentPrincipal) -> sse.EventStream:
     """Follow a run's events from now on, whichever node runs it."""
     bus, run = await _visible_run(node, principal, run_id)
-    return sse.run_stream(
-        bus, run, node.metrics.open_streams, from_start=False, closing=node.drain_started
-    )
+    return sse.run_stream(bus, run, node.streams, from_start=False, closing=node.drain_started)
 
 
 @router.post("/runs/{run_id}/cancel", response_model=CancelAnswer, responses=CANCEL_ANSWERS)

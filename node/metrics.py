@@ -195,6 +195,11 @@ class Metrics:
             "Server-sent event streams this node serves now",
             registry=self.registry,
         )
+        self.streams_dropped = Counter(
+            "cancel_bus_streams_dropped",
+            "Streams ended because their client took nothing for CANCEL_BUS_SSE_SEND_TIMEOUT",
+            registry=self.registry,
+        )
         self.tasks = Gauge(
             "cancel_bus_node_tasks",
             "asyncio tasks alive in the node's event loop (a leak shows as growth)",

@@ -35,6 +35,7 @@ from .metrics import Metrics
 from .queries import FINISHED, WINDOW, RunQuery, recency
 from .schemas import CancelBody, NodeView, SelectorCancel, StartRun
 from .settings import ENV_PREFIX, Settings
+from .sse import Streams
 
 log = logging.getLogger("cancel_bus.node")
 
@@ -52,6 +53,9 @@ class NodeService:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.metrics = Metrics()
+        self.streams = Streams(
+            self.metrics.open_streams, self.metrics.streams_dropped, settings.sse_send_timeout
+        )
         self.embedded: EmbeddedServer | None = None
         self.embedded_problem: str | None = None  # why the embedded server is not serving
         self._embedded_lock: IO[str] | None = None

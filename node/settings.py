@@ -99,6 +99,13 @@ class Settings(BaseSettings):
     )
     data_dir: Path | None = None
     max_body_bytes: int = Field(default=64 * 1024, ge=1024, le=16 * 1024 * 1024)
+    sse_send_timeout: float = Field(
+        default=30.0,
+        ge=1,
+        le=3600,
+        allow_inf_nan=False,
+        description="seconds a stream's client may take nothing before it is dropped",
+    )
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     access_log: bool = Field(default=True, description="log every HTTP request (uvicorn's)")
 

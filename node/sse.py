@@ -1,8 +1,10 @@
 """Server-sent events through sse-starlette: our wire format, keep-alives, and a run's relay.
 
-A stream ends in one of three ways: the run ends, the node drains, or the client goes away; in
-each, sse-starlette cancels what serves it, and everything a stream starts runs in a task group
-that is awaited, so a dropped stream leaves no task, connection or subscription behind.
+A stream ends in one of four ways: the run ends, the node drains, the client goes away, or the
+client takes nothing for ``send_timeout`` seconds (it is dropped and counted: a client that
+never reads would hold its buffers for good); in each, sse-starlette cancels what serves it,
+and everything a stream starts runs in a task group that is awaited, so a dropped stream leaves
+no task, connection or subscription behind.
 """
 
 from __future__ import annotations
@@ -11,12 +13,14 @@ import asyncio
 import json
 import logging
 from collections.abc import AsyncIterable, Callable, Coroutine
+from dataclasses import dataclass
 from typing import Any
 
 import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
-from prometheus_client import Gauge
+from prometheus_client import Counter, Gauge
 from sse_starlette import EventSourceResponse, ServerSentEvent
+from sse_starlette.sse import SendTimeoutError
 from starlette.types import Receive, Scope, Send
 
 from cancel_bus import CancelBus, CancelBusError, RunInfo
@@ -27,6 +31,16 @@ KEEPALIVE_SECONDS = 15.0
 SSE_OK: dict[int | str, dict[str, Any]] = {
     200: {"content": {"text/event-stream": {}}, "description": "server-sent events"}
 }
+
+
+@dataclass(frozen=True)
+class Streams:
+    """What every stream of the node shares: the gauge of those open, the counter of clients
+    dropped for taking nothing, and how long a send may wait for the client."""
+
+    open: Gauge
+    dropped: Counter
+    send_timeout: float
 
 
 def event(name: str, data: Any, event_id: str | None = None) -> ServerSentEvent:
@@ -40,14 +54,14 @@ def _keepalive() -> ServerSentEvent:
 
 
 class EventStream(EventSourceResponse):
-    """sse-starlette's response with our separator and keep-alive comment, counted in the
-    ``open_streams`` gauge for as long as it is served. ``producer`` (optional) runs beside
-    the stream and is cancelled with it."""
+    """sse-starlette's response with our separator, keep-alive comment and send timeout, counted
+    in the ``open_streams`` gauge for as long as it is served. ``producer`` (optional) runs
+    beside the stream and is cancelled with it."""
 
     def __init__(
         self,
         content: AsyncIterable[ServerSentEvent],
-        open_streams: Gauge,
+        streams: Streams,
         producer: Callable[[], Coroutine[None, None, None]] | None = None,
     ) -> None:
         super().__init__(
@@ -56,18 +70,22 @@ class EventStream(EventSourceResponse):
             sep="\n",
             ping_message_factory=_keepalive,
             data_sender_callable=producer,
+            send_timeout=streams.send_timeout,
         )
-        self._open_streams = open_streams
+        self._streams = streams
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        with self._open_streams.track_inprogress():
-            await super().__call__(scope, receive, send)
+        with self._streams.open.track_inprogress():
+            try:
+                await super().__call__(scope, receive, send)
+            except SendTimeoutError:  # it took nothing for send_timeout: dropped
+                self._streams.dropped.inc()
 
 
 def run_stream(
     bus: CancelBus,
     run: RunInfo,
-    open_streams: Gauge,
+    streams: Streams,
     *,
     from_start: bool,
     closing: asyncio.Event | None = None,
@@ -87,7 +105,7 @@ def run_stream(
             if not relay.ended and on_disconnect is not None:
                 on_disconnect()
 
-    return EventStream(_received(receive), open_streams, produce)
+    return EventStream(_received(receive), streams, produce)
 
 
 async def _received(

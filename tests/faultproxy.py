@@ -95,9 +95,10 @@ class FaultProxy:
         self.connections_made += 1
         link = (writer, up_writer)
         self._links.add(link)
-        await asyncio.gather(
-            self._pipe(reader, up_writer), self._pipe(up_reader, writer), return_exceptions=True
-        )
+        with contextlib.suppress(asyncio.CancelledError):  # the loop closing ends the link too
+            await asyncio.gather(
+                self._pipe(reader, up_writer), self._pipe(up_reader, writer), return_exceptions=True
+            )
         self._links.discard(link)
         for w in link:
             _close(w)

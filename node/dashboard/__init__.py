@@ -70,7 +70,7 @@ async def feed(
     without their output), the tombstones (as ``GET /v1/tombstones``) and, for an ops token,
     the nodes; ``unavailable`` while Redis is."""
     check_window(query)
-    return sse.EventStream(_snapshots(node, principal, query), node.metrics.open_streams)
+    return sse.EventStream(_snapshots(node, principal, query), node.streams)
 
 
 async def _snapshots(

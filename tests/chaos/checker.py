@@ -36,6 +36,7 @@ CATEGORIES = (
     "cancelled_only_if_asked",
     "stall_is_not_death",
     "no_code_after_its_end",
+    "no_server_error",
 )
 
 
@@ -43,7 +44,9 @@ CATEGORIES = (
 class Report:
     seed: int
     topology: str = "proxied"
+    settings: str = "plain"
     runs: int = 0
+    reads: Counter[str] = field(default_factory=Counter)
     cancels: Counter[str] = field(default_factory=Counter)
     faults: Counter[str] = field(default_factory=Counter)
     violations: dict[str, list[str]] = field(default_factory=lambda: defaultdict(list))
@@ -67,7 +70,9 @@ class Report:
         return {
             "seed": self.seed,
             "topology": self.topology,
+            "settings": self.settings,
             "runs": self.runs,
+            "reads": dict(self.reads),
             "cancels": dict(self.cancels),
             "faults": dict(self.faults),
             "violations": {c: len(self.violations.get(c, [])) for c in CATEGORIES},
@@ -378,6 +383,23 @@ class Checker:
     def node_was_down(self, node: str, start: float, end: float) -> bool:
         """A kill or a stop of that node around the call (it cannot answer while frozen)."""
         return any(f.target == node and start - 10 <= f.at <= end for f in self.downtime)
+
+    # -- 3b. no call is ever answered with a server error but 503 -------------------------
+
+    def check_no_server_error(self) -> None:
+        """Every call — a start, a cancel, and the reads beside them (the runs list, a follow,
+        readiness, the nodes) — is answered 2xx, 4xx or 503 (Redis cannot serve it now, with a
+        reason): never a 500, whatever the fault."""
+        for op in self.ops:
+            if op.kind in ("list", "follow", "ready", "nodes"):
+                answer = op.status if op.status is not None else f"no answer ({op.error})"
+                self.report.reads[f"{op.kind} {answer}"] += 1
+            if op.status is not None and op.status >= 500 and op.status != 503:
+                self.fail(
+                    "no_server_error",
+                    f"{op.kind} via {op.node} at {op.started:.3f}: HTTP {op.status} "
+                    f"({op.error}; {self.faults_near(op)})",
+                )
 
     # -- 4. orphans are resolved ---------------------------------------------------------
 

@@ -1,14 +1,19 @@
 """The fault catalogue: every kind of fault the suite injects, how long, on which topology.
 
 Node faults strike one node (the checker may blame them for what happens to that node's runs);
-Redis faults strike every node at once and may never cost a run its life: a stalled Redis is
-nobody's death (issue #12).
+Redis faults strike every node at once and may never cost a run its life while they last less
+than a node rides out (0.75 of a lease): a stalled Redis is nobody's death. Redis's error replies
+are faults too — real ones (out of memory, a busy script, a snapshot that cannot be written) and,
+through a node's proxy, every reply code of the library's classification table, one per strike.
 """
 
 from __future__ import annotations
 
+import random
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+
+from cancel_bus._redis import REPLY_CODES
 
 from .harness import LEASE_TTL, REDIS, SENTINEL_DOWN_AFTER_MS, TOPOLOGIES, Cluster, Topology, Worker
 
@@ -38,6 +43,18 @@ def _stall(how: str, factor: float) -> FaultKind:
     return FaultKind(f"{how}_{factor}x", False, factor * LEASE_TTL, inject, on)
 
 
+def _error_replies() -> FaultKind:
+    """One node's proxy answers every command with an error reply: a code of the table, a
+    different one at each strike (the order follows the run's seed)."""
+    codes = sorted(REPLY_CODES)
+
+    async def inject(cluster: Cluster, worker: Worker, seconds: float) -> None:
+        code = random.Random(len(cluster.fault_log)).choice(codes)
+        await cluster.answer_error(worker, seconds, f"{code} chaos says no")
+
+    return FaultKind("error_replies", True, LEASE_TTL * 0.5, inject, ("proxied",))
+
+
 CATALOGUE: tuple[FaultKind, ...] = (
     FaultKind("client_kill", True, 0.0, lambda c, w, _: c.client_kill(w)),
     FaultKind("proxy_reset", True, 0.0, lambda c, w, _: c.proxy_reset(w), ("proxied",)),
@@ -49,6 +66,18 @@ CATALOGUE: tuple[FaultKind, ...] = (
         "redis_restart_data_loss", False, 0.0, lambda c, _w, _s: c.redis_restart(), ("proxied",)
     ),
     *(_stall(how, factor) for how in STALLS for factor in STALL_FACTORS),
+    FaultKind("loop_blocked", True, LEASE_TTL * 0.5, Cluster.loop_blocked),
+    _error_replies(),
+    FaultKind(
+        "all_partitioned",
+        False,
+        LEASE_TTL * 1.5,
+        lambda c, _w, s: c.all_partitioned(s),
+        ("proxied",),
+    ),
+    FaultKind("redis_oom", False, LEASE_TTL, lambda c, _w, s: c.redis_oom(s)),
+    FaultKind("redis_busy_script", False, LEASE_TTL * 0.4, lambda c, _w, s: c.redis_busy(s)),
+    FaultKind("redis_misconf", False, LEASE_TTL * 0.4, lambda c, _w, s: c.redis_misconf(s)),
     FaultKind(  # length: until the sentinels notice; the fault ends when the replica is back
         "sentinel_failover",
         False,

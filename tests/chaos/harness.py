@@ -1,5 +1,6 @@
-"""The chaos cluster: N node processes on one of two Redis topologies, and the faults the suite
-injects into them (which fault, on which topology: ``faults.py``).
+"""The chaos cluster: N node processes on one of two Redis topologies, with the settings that
+change a code path (``Settings``: signing, auth, an ACL user), and the faults the suite injects
+into them (which fault, on which topology: ``faults.py``).
 
 * ``proxied``: one real Redis (no persistence); each node talks to it through its own fault
   proxy (``tests/faultproxy.py``), so network faults can strike one node at a time.
@@ -23,6 +24,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
@@ -30,8 +32,10 @@ from pathlib import Path
 from typing import Literal
 
 import httpx
+import redis
 import redis.asyncio as aioredis
 
+from cancel_bus._keys import KeySpace
 from node.embedded import EmbeddedServer, free_port
 
 from ..faultproxy import FaultProxy
@@ -53,7 +57,26 @@ REDIS = "redis"  # the target of a fault that strikes Redis, not one node
 SERVER_ARGS = (
     *("--enable-debug-command", "local"),  # DEBUG SLEEP is refused unless enabled (Redis >= 7)
     *("--repl-diskless-sync-delay", "0"),  # a replica syncs at once, not 5 s later
+    # MISCONF on demand: with a save point, a snapshot that cannot be written stops every write;
+    # protected configs let the harness point the snapshot where it cannot be written
+    *("--save", "3600 1", "--enable-protected-configs", "yes"),
 )
+TOKEN = "chaos-ops-" + "t" * 24  # the workload's bearer token when auth is on
+SIGNING_KEY = "chaos-signing-" + "k" * 24
+ACL_USER, ACL_PASSWORD = "chaos", "chaos-password"
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The node settings that change a code path, as a matrix cell sets them."""
+
+    signing: bool = False  # CANCEL_BUS_SIGNING_KEY: every bus message sealed
+    auth: bool = False  # CANCEL_BUS_API_TOKENS: every request with a bearer token
+    acl: bool = False  # the nodes connect as an ACL user confined to the namespace
+
+    def name(self) -> str:
+        on = [field for field in ("signing", "auth", "acl") if getattr(self, field)]
+        return "+".join(on) or "plain"
 
 
 @dataclass
@@ -123,6 +146,7 @@ class Cluster:
     size: int
     namespace: str
     topology: Topology = "proxied"
+    settings: Settings = field(default_factory=Settings)
     server: EmbeddedServer | None = None  # proxied
     group: SentinelGroup | None = None  # sentinel
     workers: list[Worker] = field(default_factory=list)
@@ -152,7 +176,10 @@ class Cluster:
             self.group.workdir.mkdir(parents=True, exist_ok=True)
             await asyncio.to_thread(self.group.start)
         else:
-            self.server = EmbeddedServer(extra_args=SERVER_ARGS).start()
+            user = ["--user", ACL_USER, "on", f">{ACL_PASSWORD}"]
+            user += KeySpace(self.namespace).acl_rules().split()
+            args = [*SERVER_ARGS, *(user if self.settings.acl else [])]  # a restart keeps it
+            self.server = EmbeddedServer(extra_args=args).start()
         for i in range(self.size):
             name = f"chaos-{i + 1}"
             proxy = None
@@ -161,6 +188,8 @@ class Cluster:
             else:
                 proxy = await FaultProxy(self.primary.port).start()
                 url = proxy.url
+                if self.settings.acl:
+                    url = url.replace("redis://", f"redis://{ACL_USER}:{ACL_PASSWORD}@")
             port = free_port()
             env = {
                 **os.environ,
@@ -171,8 +200,11 @@ class Cluster:
                 "CANCEL_BUS_LEASE_TTL": str(LEASE_TTL),
                 "CANCEL_BUS_DRAIN_TIMEOUT": "1",
                 "CANCEL_BUS_RETENTION": str(RETENTION),
-                "CANCEL_BUS_API_TOKENS": "",
+                "CANCEL_BUS_API_TOKENS": (
+                    json.dumps({TOKEN: {"role": "ops"}}) if self.settings.auth else ""
+                ),
                 "CANCEL_BUS_API_TOKENS_FILE": "",
+                "CANCEL_BUS_SIGNING_KEY": SIGNING_KEY if self.settings.signing else "",
                 "CANCEL_BUS_LOG_LEVEL": "warning",
                 "CHAOS_AUDIT_LOG": str(self.audit_dir / f"{name}.jsonl"),
             }
@@ -316,6 +348,86 @@ class Cluster:
                 return
             except (aioredis.ConnectionError, aioredis.TimeoutError):
                 await asyncio.sleep(0.05)
+
+    # -- Redis's error replies, and more partitions ------------------------------------
+
+    async def redis_oom(self, seconds: float) -> None:
+        """Redis out of memory (``noeviction``): the writes that need memory are refused."""
+        async with self.admin() as admin:
+            await admin.config_set("maxmemory", "1")
+            try:
+                await asyncio.sleep(seconds)
+            finally:
+                await admin.config_set("maxmemory", "0")
+
+    async def redis_busy(self, seconds: float) -> None:
+        """Someone's script loops: past a threshold, Redis answers BUSY to everyone."""
+        async with self.admin() as admin:
+            await admin.config_set("busy-reply-threshold", "20")
+        looping = redis.Redis(port=self.primary.port)
+
+        def loop() -> None:
+            with contextlib.suppress(redis.ResponseError):
+                looping.eval("while true do end", 0)
+            looping.close()
+
+        thread = threading.Thread(target=loop, daemon=True)
+        thread.start()
+        try:
+            await asyncio.sleep(seconds)
+        finally:
+            async with self.admin() as admin:
+                await admin.script_kill()
+            await asyncio.to_thread(thread.join, 10)
+
+    async def redis_misconf(self, seconds: float) -> None:
+        """A snapshot that cannot be written: Redis refuses every write (MISCONF)."""
+        async with self.admin() as admin:
+            directory = (await admin.config_get("dir"))["dir"]
+            await admin.config_set("dir", "/proc")
+            await admin.bgsave()
+            await self._bgsave_ends(admin, "err")
+            try:
+                await asyncio.sleep(seconds)
+            finally:
+                await admin.config_set("dir", directory)
+                await admin.bgsave()
+                await self._bgsave_ends(admin, "ok")
+
+    @staticmethod
+    async def _bgsave_ends(admin: aioredis.Redis, status: str) -> None:
+        async with asyncio.timeout(10):
+            while True:
+                info = await admin.info("persistence")
+                if not info["rdb_bgsave_in_progress"] and info["rdb_last_bgsave_status"] == status:
+                    return
+                await asyncio.sleep(0.02)
+
+    async def answer_error(self, worker: Worker, seconds: float, reply: str) -> None:
+        """Every command of one node answered with the error ``reply`` (through its proxy)."""
+        proxy = worker.needs_proxy()
+        proxy.answer(reply)
+        try:
+            await asyncio.sleep(seconds)
+        finally:
+            proxy.heal()
+
+    async def all_partitioned(self, seconds: float) -> None:
+        """Every node cut off from Redis at once (each behind a silent proxy)."""
+        proxies = [worker.needs_proxy() for worker in self.workers]
+        for proxy in proxies:
+            proxy.blackhole()
+        try:
+            await asyncio.sleep(seconds)
+        finally:
+            for proxy in proxies:
+                proxy.heal()
+
+    async def loop_blocked(self, worker: Worker, seconds: float) -> None:
+        """The node's own event loop blocked (a long turn of CPU work) for ``seconds``."""
+        async with httpx.AsyncClient(timeout=seconds + 10) as client:
+            with contextlib.suppress(httpx.HTTPError):  # answered once the loop runs again
+                await client.post(f"{worker.url}/chaos/block", params={"seconds": seconds})
 
     async def snapshot_frozen(self) -> None:
         """Pause writes on the primary for good (it is about to be lost) and keep what it holds

@@ -20,9 +20,11 @@ NODES = 4
 
 
 async def run_chaos(profile: Profile, workdir: Path) -> Report:
-    report = Report(seed=profile.seed, topology=profile.topology)
+    report = Report(seed=profile.seed, topology=profile.topology, settings=profile.settings.name())
     began = time.monotonic()
-    cluster = Cluster(workdir, NODES, f"chaos-{uuid.uuid4().hex[:8]}", profile.topology)
+    cluster = Cluster(
+        workdir, NODES, f"chaos-{uuid.uuid4().hex[:8]}", profile.topology, profile.settings
+    )
     try:
         await cluster.start()
         workload = Workload(cluster, profile)
@@ -53,6 +55,7 @@ async def run_chaos(profile: Profile, workdir: Path) -> Report:
             checker.check_cancelled_is_true()
             checker.check_no_code_after_its_end()
             checker.check_answers()
+            checker.check_no_server_error()
             checker.measure_orphan_resolution()
             await checker.check_no_leak(redis)
             checker.check_cancelled_only_if_asked()

@@ -11,6 +11,8 @@ import sys
 import time
 from typing import Any
 
+from fastapi.responses import JSONResponse
+
 import node.app
 import node.service
 from cancel_bus import RunCancelled, RunHandle
@@ -91,6 +93,23 @@ class AuditedService(node.service.NodeService):
                 audit("final", handle.run_id, status=status)
 
 
+def create_app(*args: Any, **kwargs: Any) -> Any:
+    """The node's app, and a route that blocks its event loop (the ``loop_blocked`` fault)."""
+    app = node_create_app(*args, **kwargs)
+
+    @app.middleware("http")
+    async def blocking(request: Any, call_next: Any) -> Any:
+        if request.url.path != "/chaos/block":
+            return await call_next(request)
+        seconds = float(request.query_params["seconds"])
+        time.sleep(seconds)  # noqa: ASYNC251 - the fault: the loop blocked
+        return JSONResponse({"blocked": seconds})
+
+    return app
+
+
+node_create_app = node.app.create_app
+node.app.create_app = create_app  # type: ignore[assignment]
 node.service.run_agent = audited_agent  # type: ignore[assignment]
 node.app.NodeService = AuditedService  # type: ignore[misc]
 

@@ -1,9 +1,11 @@
 """The random workload (seeded, replayable) and the fault schedule; every call and its answer is
-logged with timestamps for the checker."""
+logged with timestamps for the checker: runs started and cancelled, and beside them the reads an
+operator makes (the runs list, a run followed, readiness, the nodes)."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import time
 import uuid
@@ -13,7 +15,7 @@ from typing import Any
 import httpx
 
 from .faults import fault_kinds, strike
-from .harness import Cluster, Topology, Worker
+from .harness import TOKEN, Cluster, Settings, Topology, Worker
 
 HTTP_SLACK = 2.0  # a client gives a node this long beyond the cancel's own timeout
 TAIL_SECONDS = 4.0
@@ -24,7 +26,7 @@ FAULT_GAP = (0.5, 2.0)  # seconds between two faults (random)
 class Op:
     """One call to a node and what it answered."""
 
-    kind: str  # start | cancel | cancel_session
+    kind: str  # start | cancel | cancel_session | list | follow | ready | nodes
     node: str
     started: float
     ended: float = 0.0
@@ -48,11 +50,14 @@ class Profile:
     seed: int
     fault_rounds: int  # each round injects every fault kind of the topology once
     topology: Topology = "proxied"
+    settings: Settings = field(default_factory=Settings)
 
 
-def bounded_profile(topology: Topology, seed: int, runs: int = 300) -> Profile:
+def bounded_profile(
+    topology: Topology, seed: int, runs: int = 300, settings: Settings | None = None
+) -> Profile:
     """The profile CI runs (tests/chaos/test_chaos.py): every fault kind of the topology once."""
-    return Profile(runs=runs, concurrency=24, seed=seed, fault_rounds=1, topology=topology)
+    return Profile(runs, 24, seed, 1, topology, settings or Settings())
 
 
 @dataclass
@@ -68,7 +73,8 @@ class Workload:
     async def run(self) -> None:
         """Runs keep coming until the fault schedule is over and ``profile.runs`` were made."""
         faults = asyncio.create_task(self._faults())
-        async with httpx.AsyncClient() as client:
+        headers = {"authorization": f"Bearer {TOKEN}"} if self.profile.settings.auth else {}
+        async with httpx.AsyncClient(headers=headers) as client:
 
             async def lane(first: int) -> None:
                 i = first
@@ -76,7 +82,12 @@ class Workload:
                     await self._one_run(client, i)
                     i += self.profile.concurrency
 
-            await asyncio.gather(*(lane(i) for i in range(self.profile.concurrency)))
+            async def reads() -> None:
+                while not faults.done():
+                    await self._one_read(client)
+                    await asyncio.sleep(self.rng.uniform(0.05, 0.3))
+
+            await asyncio.gather(*(lane(i) for i in range(self.profile.concurrency)), reads())
         await faults
 
     # -- runs and cancels ----------------------------------------------------------------
@@ -141,6 +152,33 @@ class Workload:
             )
             op.run_id = run_id
         op.mode, op.wait, op.timeout = mode, wait, timeout
+
+    async def _one_read(self, client: httpx.AsyncClient) -> None:
+        """What an operator reads meanwhile: it must be answered (2xx, 4xx or 503), in time."""
+        worker = self.rng.choice(self.cluster.workers)
+        kind = self.rng.choice(["list", "follow", "ready", "nodes"])
+        op = Op(kind=kind, node=worker.name, started=time.time())
+        self.ops.append(op)
+        started = [o.run_id for o in self.ops[-200:] if o.kind == "start" and o.run_id]
+        path = {
+            "list": "/v1/runs?status=all&limit=20",
+            "ready": "/readyz",
+            "nodes": "/v1/nodes",
+            "follow": f"/v1/runs/{started[-1] if started else 'none'}/stream",
+        }[kind]
+        try:
+            if kind == "follow":  # a few lines of it, then hang up
+                async with client.stream("GET", f"{worker.url}{path}", timeout=5) as response:
+                    op.status = response.status_code
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(0.3):
+                            async for _ in response.aiter_lines():
+                                pass
+            else:
+                op.status = (await client.get(f"{worker.url}{path}", timeout=5)).status_code
+        except httpx.HTTPError as exc:
+            op.error = type(exc).__name__
+        op.ended = time.time()
 
     async def _call(
         self,

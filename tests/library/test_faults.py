@@ -56,6 +56,26 @@ async def test_client_kill_of_the_subscriber_loses_no_cancel(
         await run.done()
 
 
+async def test_every_forced_disconnect_of_the_subscriber_is_counted(
+    make_bus: BusFactory, raw_redis: aioredis.Redis
+) -> None:
+    """redis-py reconnects a pub/sub connection and resubscribes by itself: the bus counts each
+    such reconnect too (it counted none: its own loop never saw the connection go)."""
+    a = await make_bus()
+    name = f"cancel-bus.{a.node_id}"
+    for times in range(1, 31):
+        subscriber = next(
+            c for c in await raw_redis.client_list() if c["name"] == name and int(c["sub"])
+        )
+        await raw_redis.client_kill_filter(_id=subscriber["id"])
+        await eventually(lambda times=times: _reconnected(a, times))  # type: ignore[misc]
+    assert a.pubsub_reconnects == 30 and a.ready
+
+
+async def _reconnected(bus: CancelBus, times: int) -> bool:
+    return bus.pubsub_reconnects >= times and bus._node.inbox.connected
+
+
 async def test_periodic_sweep_delivers_a_cancel_whose_message_was_lost(
     make_bus: BusFactory, raw_redis: aioredis.Redis
 ) -> None:

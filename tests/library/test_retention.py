@@ -67,3 +67,17 @@ async def test_departed_nodes_are_forgotten(
     assert 0 < await raw_redis.pttl(node_key) <= 2000
     await asyncio.sleep(0)
     assert (await b.list_runs(status=RunStatus.RUNNING)) == []
+
+
+async def test_the_finished_index_is_pruned_even_when_nothing_finishes(
+    make_bus: BusFactory, raw_redis: aioredis.Redis
+) -> None:
+    a = await make_bus(retention=60, lease_ttl=1)
+    stale = {f"gone-{i}": 1000.0 + i for i in range(18_000)}  # ended long ago, records expired
+    await raw_redis.zadd(a.keys.finished, stale)
+    await raw_redis.zadd(a.keys.finished, {"recent": (await raw_redis.time())[0]})
+
+    async def pruned() -> bool:
+        return await raw_redis.zcard(a.keys.finished) == 1  # at the next heartbeat's reaping
+
+    await eventually(pruned, timeout=5)

@@ -6,6 +6,7 @@ watchdog and a burst of ends — on real servers."""
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import AsyncIterator
 
@@ -255,3 +256,33 @@ async def test_a_drain_that_cannot_record_its_cancels_still_records_them_with_th
     record = await b.get_run(run.run_id)
     assert record is not None and record.status is RunStatus.CANCELLED
     assert record.cancel_reason == "node_shutdown" and record.requested_by == a.node_id
+
+
+async def test_a_blocked_event_loop_is_not_a_dead_subscriber(
+    make_bus: BusFactory, redis_url: str, namespace: str
+) -> None:
+    """The node's own loop blocked for seconds (a long CPU turn) while a cancel arrives: once it
+    runs again the cancel is read at once from its connection, which is not judged dead for a
+    silence that was the node's own (it was dropped, then the cancel came a reconnect later)."""
+    a = await make_bus(lease_ttl=LEASE)  # a ping every 0.6 s: 1.2 s of silence is death
+    run = await LoopingRun(a).start()
+    blocked = threading.Event()
+
+    def cancel_from_elsewhere() -> None:  # another node, in a thread with a loop of its own
+        async def cancel() -> None:
+            assert blocked.wait(WAIT)
+            async with CancelBus(redis_url, namespace=namespace, lease_ttl=LEASE) as b:
+                result = await b.cancel(run.run_id, wait=False)
+                assert result.outcome is Outcome.STOPPING
+
+        asyncio.run(cancel())
+
+    elsewhere = threading.Thread(target=cancel_from_elsewhere)
+    elsewhere.start()
+    blocked.set()
+    time.sleep(2.0)  # noqa: ASYNC251 - the fault: this node's event loop blocked for 2 s
+    unblocked = time.monotonic()
+    await asyncio.to_thread(elsewhere.join, WAIT)
+    await run.done()
+    assert run.stopped_at is not None and run.stopped_at - unblocked < 0.5
+    assert a.pubsub_reconnects == 0

@@ -6,17 +6,22 @@ were, and the runs of the dropped ``POST /v1/runs/stream`` are cancelled."""
 from __future__ import annotations
 
 import asyncio
+import socket
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 import redis
+from prometheus_client import CollectorRegistry, Counter, Gauge
+from sse_starlette import ServerSentEvent
 
+from node import sse
 from node.embedded import EmbeddedServer
+from node.sse import Streams
 
 from ..node_cluster import Cluster, NodeProcess
 
@@ -170,3 +175,88 @@ def test_dropped_streams_leak_nothing(node: NodeProcess, redis_server: EmbeddedS
     for run_id in followed:
         with node.client() as client:
             client.post(f"/v1/runs/{run_id}/cancel", json={"wait": False})
+
+
+def _rss_mb(node: NodeProcess) -> float:
+    assert node.process is not None
+    status = Path(f"/proc/{node.process.pid}/status").read_text()
+    return (
+        int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmRSS")))
+        / 1024
+    )
+
+
+def _never_reading(node: NodeProcess, path: str) -> socket.socket:
+    """A client that asks for a stream and never reads a byte of it (a small receive window)."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.connect(("127.0.0.1", node.port))
+    sock.sendall(f"GET {path} HTTP/1.1\r\nHost: node\r\n\r\n".encode())
+    return sock
+
+
+def test_clients_that_never_read_are_held_in_bounded_memory_and_let_go(
+    node: NodeProcess, redis_server: EmbeddedServer
+) -> None:
+    """Waves of clients that never read (following chatty runs, and the dashboard feed): the
+    node's memory grows with the first wave and not with the next (what they held is reused),
+    and every stream is gone once they hang up."""
+    followed = [_start(node, "chatty") for _ in range(4)]
+    footprint = Footprint(node, redis_server)
+    paths = [*(f"/v1/runs/{run_id}/stream" for run_id in followed), "/v1/dashboard/feed"]
+    after: list[float] = []
+    for _ in range(3):
+        clients = [_never_reading(node, paths[i % len(paths)]) for i in range(150)]
+        deadline = time.monotonic() + SETTLE
+        while footprint.now()["streams"] < len(clients):
+            assert time.monotonic() < deadline, footprint.now()
+            time.sleep(0.1)
+        time.sleep(2)  # their buffers fill
+        after.append(_rss_mb(node))
+        for client in clients:
+            client.close()
+        deadline = time.monotonic() + SETTLE
+        while footprint.now()["streams"]:
+            assert time.monotonic() < deadline, footprint.now()
+            time.sleep(0.1)
+    assert after[2] - after[0] < 15, after  # no growth wave after wave: held, then reused
+    for run_id in followed:
+        with node.client() as client:
+            client.post(f"/v1/runs/{run_id}/cancel", json={"wait": False})
+
+
+async def test_a_client_that_takes_nothing_is_dropped_after_the_send_timeout() -> None:
+    """Once its buffers are full, a send to a client that does not read waits: after
+    ``send_timeout`` the stream ends and is counted (it would hold its buffers for good)."""
+    registry = CollectorRegistry()
+    streams = Streams(
+        Gauge("open", "open", registry=registry), Counter("dropped", "d", registry=registry), 0.2
+    )
+
+    async def events() -> AsyncIterator[ServerSentEvent]:
+        while True:
+            yield sse.event("output", {"text": "x" * 100})
+            await asyncio.sleep(0)
+
+    async def receive() -> dict[str, Any]:
+        await asyncio.Event().wait()  # the client never says anything
+        return {"type": "http.disconnect"}
+
+    sent: list[str] = []
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message["type"])
+        if len(sent) > 3:  # its buffers are full: this send never completes
+            await asyncio.Event().wait()
+
+    scope = {
+        "type": "http",
+        "method": "GET",
+        "path": "/",
+        "headers": [],
+        "asgi": {"version": "3.0"},
+    }
+    stream = sse.EventStream(events(), streams)
+    await asyncio.wait_for(stream(scope, receive, send), 5)  # ends: it did not hang
+    assert registry.get_sample_value("dropped_total") == 1
+    assert registry.get_sample_value("open") == 0
