@@ -11,7 +11,7 @@ and a batch holds at most ``MAX_CALLS`` calls and about ``MAX_BYTES`` of argumen
 never holds a Redis shard for long.
 
 Calls of different scripts take turns: a burst of finishes does not hold up a cancel. (The lease
-has a store, a batcher and connections of its own.) A call whose caller gave up before its batch
+has calls, a batcher and connections of its own.) A call whose caller gave up before its batch
 left is not sent. A call may carry a timeout: that much silence from Redis after its batch left
 fails the call with :class:`BusUnavailable` — its script may still run, so only calls that are
 safe to repeat use it. Silence is measured, not assumed (:class:`_Patience`): time queued behind
@@ -45,14 +45,20 @@ def _future() -> asyncio.Future[Any]:
 
 @dataclass
 class _Call:
-    keys: list[str]
-    args: list[str]
+    """One call: ``[keys, args]`` as JSON (encoded once, when queued), and its answer to be."""
+
+    encoded: str
     timeout: float | None
+    key: str  # the first key: it routes the batch (every key of a call shares the hash tag)
     answer: asyncio.Future[Any] = field(default_factory=_future)
+
+    @classmethod
+    def of(cls, keys: list[str], args: dict[str, Any], timeout: float | None) -> _Call:
+        return cls(json.dumps([keys, args], separators=(",", ":")), timeout, keys[0])
 
     @property
     def size(self) -> int:
-        return sum(map(len, self.args))
+        return len(self.encoded)
 
 
 class ScriptBatcher:
@@ -74,12 +80,12 @@ class ScriptBatcher:
         return self._in_flight
 
     async def call(
-        self, name: str, keys: list[str], args: list[str], timeout: float | None = None
+        self, name: str, keys: list[str], args: dict[str, Any], timeout: float | None = None
     ) -> Any:
         """The answer of one call of script ``name``; raises what redis-py raises. A call into
         a quiet batcher leaves at once, from the caller's own task: no wait for a batch."""
         if not self._in_flight and not self._pending:
-            call = _Call(keys, args, timeout)
+            call = _Call.of(keys, args, timeout)
             self._in_flight += 1
             try:
                 await self._send(self._scripts[name], [call])
@@ -90,11 +96,11 @@ class ScriptBatcher:
         return await self.submit(name, keys, args, timeout)
 
     def submit(
-        self, name: str, keys: list[str], args: list[str], timeout: float | None = None
+        self, name: str, keys: list[str], args: dict[str, Any], timeout: float | None = None
     ) -> asyncio.Future[Any]:
         """Queue one call of script ``name`` for the next batch; -> the future of its answer
         (or of what redis-py raised)."""
-        call = _Call(keys, args, timeout)
+        call = _Call.of(keys, args, timeout)
         self._pending.setdefault(name, deque()).append(call)
         self._schedule_flush()
         return call.answer
@@ -131,11 +137,11 @@ class ScriptBatcher:
         self._schedule_flush()
 
     async def _send(self, script: AsyncScript, batch: list[_Call]) -> None:
-        payload = json.dumps([[c.keys, c.args] for c in batch], separators=(",", ":"))
+        payload = f"[{','.join(c.encoded for c in batch)}]"
         timeouts = [c.timeout for c in batch if c.timeout is not None]
         try:  # redis-py loads the script and calls again if the server lacks it
             async with _Patience(self, min(timeouts) if timeouts else None):
-                answers = await script(keys=batch[0].keys[:1], args=[payload])
+                answers = await script(keys=[batch[0].key], args=[payload])
             self.heard = asyncio.get_running_loop().time()
         except TimeoutError:
             _fail(batch, BusUnavailable("no answer from Redis within the call's timeout"))

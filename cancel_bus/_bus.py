@@ -2,10 +2,10 @@
 room (``_node`` builds and runs the rooms).
 
 A cross-node cancel's request crosses five rooms, each once, in one direction: ``cancel`` here ->
-``_store`` (the ``request_cancel`` script records the request, then the owner is told on its
+``_calls`` (the ``request_cancel`` script records the request, then the owner is told on its
 own channel) -> on the owner, ``_inbox`` (verify the message) -> ``_local`` (find the run) ->
 ``_run`` (set its token); the run raises at its next checkpoint, its scope writes the finish
-(``_local`` -> ``_store``). Here, Redis's answer goes to ``_caller``, which waits for the
+(``_local`` -> ``_calls``). Here, Redis's answer goes to ``_caller``, which waits for the
 finish notice.
 """
 
@@ -20,13 +20,13 @@ from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 
 from . import _checks as check
+from ._calls import CancelOrder
 from ._follow import follow
 from ._keys import KeySpace, new_node_id, validate_id
 from ._messages import run_target, session_target
 from ._node import Node
 from ._redis import within
 from ._run import RunHandle, RunScope, RunSpec
-from ._store import CancelOrder
 from ._types import (
     BusStats,
     CancelMode,
@@ -98,7 +98,7 @@ class CancelBus:
             accept_eviction=accept_eviction,
             version=version,
         )
-        self._store, self._lifecycle = self._node.store, self._node.lifecycle
+        self._reads, self._lifecycle = self._node.reads, self._node.lifecycle
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -213,7 +213,7 @@ class CancelBus:
         self._lifecycle.require_open()
         run_id = check.run_id(run_id)
         session = check.session(app_name, user_id, session_id)
-        return await self._store.enqueue_run(
+        return await self._node.calls.enqueue_run(
             run_id, session, check.run_metadata(metadata), check.parent(parent, detached)
         )
 
@@ -337,21 +337,21 @@ class CancelBus:
     async def get_run(self, run_id: str) -> RunInfo | None:
         validate_id(run_id, "run_id")
         self._lifecycle.require_open()
-        return await self._store.get_run(run_id)
+        return await self._reads.get_run(run_id)
 
     async def children(self, run_id: str) -> list[RunInfo]:
         """The runs started as the run's children, on any node, the oldest first (those still
         within the retention)."""
         validate_id(run_id, "run_id")
         self._lifecycle.require_open()
-        return await self._store.children(run_id)
+        return await self._reads.children(run_id)
 
     async def session_run(self, app_name: str, user_id: str, session_id: str) -> RunInfo | None:
         """The active run of a session key, wherever it runs (None if it has none)."""
         session = check.session(app_name, user_id, session_id)
         assert session is not None
         self._lifecycle.require_open()
-        return await self._store.session_run(session)
+        return await self._reads.session_run(session)
 
     async def list_runs(
         self,
@@ -363,24 +363,24 @@ class CancelBus:
     ) -> list[RunInfo]:
         """Runs across the cluster, newest first. ``status``: "active", "all" or a RunStatus."""
         self._lifecycle.require_open()
-        return await self._store.list_runs(
+        return await self._reads.list_runs(
             *check.listing(status, node_id, app_name, user_id, limit)
         )
 
     async def list_nodes(self) -> list[NodeInfo]:
         self._lifecycle.require_open()
-        return await self._store.list_nodes(self.clock())
+        return await self._reads.list_nodes(self.clock())
 
     async def ping(self, timeout: float = 1.0) -> None:
         """Whether Redis answers now: returns, or raises :class:`BusUnavailable` (or
         :class:`BusMisconfigured`: it refuses this node's user)."""
-        await within(check.timeout(timeout), self._store.ping())
+        await within(check.timeout(timeout), self._reads.ping())
 
     async def events(self, run_id: str) -> list[RunEvent]:
         """The run's lifecycle events, oldest first (empty once retention has passed)."""
         validate_id(run_id, "run_id")
         self._lifecycle.require_open()
-        return await self._store.events(run_id)
+        return await self._reads.events(run_id)
 
     async def follow(
         self, run_id: str, *, from_start: bool = False, poll: float = 1.0
@@ -390,7 +390,7 @@ class CancelBus:
         validate_id(run_id, "run_id")
         check.poll(poll)
         self._lifecycle.require_open()
-        async for event in follow(self._store, run_id, from_start=from_start, poll=poll):
+        async for event in follow(self._reads, run_id, from_start=from_start, poll=poll):
             yield event
 
     # -- the cancel path ----------------------------------------------------------------------

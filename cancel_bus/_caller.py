@@ -15,11 +15,13 @@ import asyncio
 import logging
 from collections.abc import Callable
 
+from ._calls import CancelAnswer, CancelOrder, ScriptCalls
 from ._errors import BusUnavailable
 from ._local import Delivery, LocalRuns
+from ._protocol import Code
+from ._reads import Reads
 from ._recovery import Recovery
 from ._redis import within
-from ._store import CancelAnswer, CancelOrder, RunStore
 from ._types import BusStats, CancelResult, Outcome, RunInfo, RunStatus
 from ._waiters import Waiters
 
@@ -34,14 +36,16 @@ class CallerSide:
         self,
         *,
         node_id: Callable[[], str],
-        store: RunStore,
+        calls: ScriptCalls,
+        reads: Reads,
         local: LocalRuns,
         recovery: Recovery,
         waiters: Waiters,
         stats: BusStats,
     ) -> None:
         self._node_id = node_id
-        self._store = store
+        self._calls = calls
+        self._reads = reads
         self._local = local
         self._recovery = recovery
         self._waiters = waiters
@@ -53,13 +57,13 @@ class CallerSide:
         deadline = loop.time() + timeout
         pause = RECOVERING_FIRST
         while True:
-            request = self._store.request_cancel(
+            request = self._calls.request_cancel(
                 order, waiter=self._node_id() if wait else "", caller=self._node_id()
             )
             answer = await within(
                 max(0.0, deadline - loop.time()), request, "; the cancel may not be recorded"
             )
-            if answer.code != "recovering":
+            if answer.code is not Code.RECOVERING:
                 return await self.settle(answer, order.target, wait, deadline)
             if loop.time() + pause >= deadline:
                 raise BusUnavailable(
@@ -81,7 +85,7 @@ class CallerSide:
             )
         nodes = [(answer.code, answer.run), *((code, run) for _, code, run in answer.descendants)]
         for code, node in nodes:
-            if code == "stopping" and node is not None and node.cancel_request is not None:
+            if code is Code.STOPPING and node is not None and node.cancel_request is not None:
                 self._accepted(node)
         finals = await asyncio.gather(
             *(self._end_of(code, node, wait, deadline) for code, node in nodes)
@@ -104,14 +108,14 @@ class CallerSide:
     async def wait(self, run_id: str, timeout: float) -> RunInfo | None:
         """The run as it stands at its end or at the timeout (None if unknown)."""
         deadline = asyncio.get_running_loop().time() + timeout
-        status = await within(timeout, self._store.add_waiter(run_id, self._node_id()))
+        status = await within(timeout, self._calls.add_waiter(run_id, self._node_id()))
         if not status:
             return None
         if RunStatus(status).is_active:
-            final = await self._waiters.until_end(run_id, deadline, self._store.get_run)
+            final = await self._waiters.until_end(run_id, deadline, self._reads.get_run)
             if final is not None:
                 return final
-        return await self._store.get_run(run_id)
+        return await self._reads.get_run(run_id)
 
     def _accepted(self, run: RunInfo) -> None:
         """A cancel this node had recorded: kept for recovery, and delivered at once if the
@@ -129,7 +133,7 @@ class CallerSide:
         """How a stopping run ended, if it did before the deadline (and the caller waits)."""
         if code != "stopping" or run is None or not wait:
             return None
-        final = await self._waiters.until_end(run.run_id, deadline, self._store.get_run)
+        final = await self._waiters.until_end(run.run_id, deadline, self._reads.get_run)
         return None if final is None else CancelResult(outcome=_outcome_of(final), run=final)
 
 

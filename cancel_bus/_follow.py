@@ -6,16 +6,16 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 from ._errors import RunNotFound
-from ._store import RunStore
+from ._reads import Reads
 from ._types import RunEvent
 
 
 async def follow(
-    store: RunStore, run_id: str, *, from_start: bool, poll: float
+    reads: Reads, run_id: str, *, from_start: bool, poll: float
 ) -> AsyncIterator[RunEvent]:
     """The run's relayed events (from now on, or ``from_start``), ending with
     ``run.finished``; :class:`RunNotFound` for an unknown run."""
-    run, last = await store.relay_position(run_id)
+    run, last = await reads.relay_position(run_id)
     if run is None:
         raise RunNotFound(run_id)
     if from_start:
@@ -23,14 +23,14 @@ async def follow(
     while True:
         active = run is not None and run.is_active
         block_ms = int(poll * 1000) if active else None
-        for event in await store.read_relay(run_id, last, block_ms):
+        for event in await reads.read_relay(run_id, last, block_ms):
             last = event.id
             yield event
             if event.type == "run.finished":
                 return
         if not active:
             break
-        run = await store.get_run(run_id)
+        run = await reads.get_run(run_id)
     if run is not None:  # not relayed, or its relay expired: the record tells the end
         yield RunEvent(
             id=last,

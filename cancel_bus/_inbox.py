@@ -45,8 +45,9 @@ from ._messages import (
     decode,
     parse_message,
 )
+from ._notices import Notices
+from ._reads import Reads
 from ._redis import Topology, backoff, is_closed_transport, raise_if_cancelling
-from ._store import RunStore
 from ._types import BusStats
 from ._waiters import Waiters
 
@@ -63,7 +64,8 @@ class Inbox:
         self,
         *,
         topology: Topology,
-        store: RunStore,
+        reads: Reads,
+        notices: Notices,
         lease: Lease,
         signer: MessageSigner,
         local: LocalRuns,
@@ -72,7 +74,8 @@ class Inbox:
         sweep_interval: float,
     ) -> None:
         self._topology = topology
-        self._store = store
+        self._reads = reads
+        self._notices = notices
         self._lease = lease
         self._signer = signer
         self._local = local
@@ -119,7 +122,7 @@ class Inbox:
         """(Re)subscribe to this node's channel (after a new node id, afresh) and wait until
         the subscription is confirmed."""
         self._subscribed = asyncio.Event()
-        self._channel = self._store.keys.channel(self._lease.node_id)
+        self._channel = self._reads.keys.channel(self._lease.node_id)
         self._moved.set()  # a subscription to another channel ends
         self._wake.set()
         try:
@@ -266,9 +269,7 @@ class Inbox:
         nonce = os.urandom(8).hex()
         self._probe = (nonce, time.monotonic())
         try:
-            receivers = await self._store.publish_probe(
-                self._lease.node_id, self._lease.epoch, nonce
-            )
+            receivers = await self._notices.probe(self._lease.node_id, self._lease.epoch, nonce)
         except BusUnavailable as exc:
             log.debug("cancel-bus: probe not sent: %s", exc)
             self._probe = None  # Redis is away: the lease says so; this proves nothing
@@ -292,18 +293,18 @@ class Inbox:
         """Deliver every cancel pending on this node's runs; answer local waiters whose run has
         ended — from the stored state."""
         try:
-            pending = await self._store.pending_cancels(self._lease.node_id)
+            pending = await self._reads.pending_cancels(self._lease.node_id)
             for run_id, mode in pending.items():
                 state = self._local.get(run_id)
                 current = state.request if state is not None else None
                 if state is None or (current and current.mode.strength >= mode.strength):
                     continue
-                run = await self._store.get_run(run_id)
+                run = await self._reads.get_run(run_id)
                 request = run.cancel_request if run is not None else None
                 delivered = request is not None and self._local.deliver(run_id, request)
                 if delivered is Delivery.DELIVERED:
                     self._stats.cancels_recovered_by_sweep += 1
-            for run in await self._store.get_runs(self._waiters.run_ids()):
+            for run in await self._reads.get_runs(self._waiters.run_ids()):
                 if not run.is_active:
                     self._waiters.resolve(run.run_id, run)
         except BusUnavailable as exc:

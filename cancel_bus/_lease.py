@@ -22,10 +22,11 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
+from ._calls import ScriptCalls
 from ._duties import Duty
 from ._errors import BusUnavailable, CancelBusError, Fenced, NodeIdInUse
+from ._protocol import Code
 from ._redis import backoff
-from ._store import RunStore
 from ._trouble import Trouble, kind_of
 from ._types import StopCause
 
@@ -49,14 +50,14 @@ class LeaseHolder(Protocol):
 class Lease:
     def __init__(
         self,
-        store: RunStore,
+        calls: ScriptCalls,
         *,
         node_id: str,
         lease_ttl: float,
         self_fence_after: float,
         version: str,
     ) -> None:
-        self._store = store
+        self._calls = calls
         self.lease_ttl = lease_ttl
         self.self_fence_after = self_fence_after
         self._version = version
@@ -102,8 +103,8 @@ class Lease:
             sent, local_sent = time.monotonic(), time.time()
             try:  # bounded: a late answer would date the lease from a stale send time
                 async with asyncio.timeout(self.lease_ttl / 3):
-                    code, server_now = await self._store.register_node(
-                        node_id, self.lease_ttl, self._version, epoch, restore
+                    code, server_now = await self._calls.register_node(
+                        node_id, self.lease_ttl, self.interval, self._version, epoch, restore
                     )
             except TimeoutError:
                 raise BusUnavailable(
@@ -112,13 +113,13 @@ class Lease:
                     "(as when a server is stalled, or a Sentinel or TLS handshake never completes:"
                     " check the URL's scheme and hosts)"
                 ) from None
-            if code == "ok":
+            if code is Code.OK:
                 self.node_id, self.epoch, self.valid = node_id, epoch, True
                 self._renewed(sent, local_sent, server_now)
                 return
-            if code == "fenced":
+            if code is Code.FENCED:
                 raise Fenced(f"node {node_id} was fenced while Redis forgot it")
-            if code == "in_use":
+            if code is Code.IN_USE:
                 if time.monotonic() > give_up:
                     raise NodeIdInUse(node_id)
                 await asyncio.sleep(min(1.0, self.interval))
@@ -159,8 +160,8 @@ class Lease:
         sent, local_sent = time.monotonic(), time.time()
         try:
             async with asyncio.timeout(self.interval):
-                code, server_now, recorded = await self._store.heartbeat(
-                    self.node_id, self.epoch, self.lease_ttl, self.probe()
+                code, server_now, recorded = await self._calls.heartbeat(
+                    self.node_id, self.epoch, self.lease_ttl, self.interval, self.probe()
                 )
         except (CancelBusError, TimeoutError) as exc:  # unavailable, refused, or a defect
             left = self.fence_after - silent
@@ -174,10 +175,10 @@ class Lease:
                 f"{self.node_id}, {silent:.1f} s since the last renewal; {runs}: {reason}",
                 getattr(exc, "code", None),
             ) from exc
-        if code == "fenced":
+        if code is Code.FENCED:
             self.valid = False
             self._tell().lease_lost(StopCause.LEASE_LOST, "Redis says the lease is gone")
-        elif code == "missing":
+        elif code is Code.MISSING:
             await self._tell().lease_missing()
         else:
             self._renewed(sent, local_sent, server_now)
@@ -192,7 +193,7 @@ class Lease:
         until = time.monotonic() + self.interval / 2
         try:
             while True:
-                runs, nodes, more = await self._store.reap(REAP_BUDGET)
+                runs, nodes, more = await self._calls.reap(REAP_BUDGET)
                 if runs or nodes:
                     self._tell().count_reaped(runs, nodes)
                 if not more or time.monotonic() > until:
@@ -205,8 +206,8 @@ class Lease:
     async def leave(self) -> None:
         """Release the lease (a closing node): runs still recorded for it are resolved."""
         while self.valid:
-            code, done = await self._store.leave_node(self.node_id, self.epoch)
-            if code != "ok" or done:
+            code, done = await self._calls.leave_node(self.node_id, self.epoch)
+            if code is not Code.OK or done:
                 return
 
     def _tell(self) -> LeaseHolder:

@@ -2,9 +2,9 @@
 cancels that reach them, and those that came before their start returned here.
 
 A burst of ends (100,000 runs ending in one event-loop turn) is a queue: each end is a queued
-item (:mod:`._chunks`), worked on a bounded chunk at a time, and the store's batcher sends each
+item (:mod:`._chunks`), worked on a bounded chunk at a time, and the calls' batcher sends each
 chunk's finishes as one script call; the event-loop turn that woke them stays short, and the
-heartbeat (on a store and connections of its own) runs between chunks. A finish that Redis does
+heartbeat (on calls and connections of its own) runs between chunks. A finish that Redis does
 not answer within an interval of being sent, or cannot take (unavailable, out of memory, refusing
 the node's user), waits in the outbox, not in the run's exit: what Redis does never reaches the
 run's code from its exit.
@@ -18,25 +18,24 @@ import functools
 import logging
 from enum import Enum
 
+from ._calls import CancelOrder, Finish, Finished, ScriptCalls
 from ._chunks import ChunkedQueue, Settling
 from ._duties import Spawn
 from ._errors import (
-    BusUnavailable,
     CancelBusError,
-    Fenced,
     RunCancelled,
     RunExists,
-    SessionBusy,
 )
 from ._lease import Lease
 from ._messages import SESSION_TARGET_PREFIX, run_target, session_target
 from ._outbox import Outbox
+from ._protocol import Code
+from ._reads import Reads
 from ._run import Ending, ProfiledRunHandle, RunHandle, RunSpec, RunState
 from ._state import Lifecycle
-from ._store import CancelOrder, Finish, FinishAnswer, RunStore
 from ._sync import RunSync
 from ._timed import TimedMap
-from ._types import BusStats, CancelMode, CancelRequest, RunInfo, RunStatus, StopCause
+from ._types import BusStats, CancelMode, CancelRequest, RunStatus, StopCause
 
 log = logging.getLogger("cancel_bus")
 
@@ -57,7 +56,8 @@ class LocalRuns:
     def __init__(
         self,
         *,
-        store: RunStore,
+        calls: ScriptCalls,
+        reads: Reads,
         lease: Lease,
         sync: RunSync,
         outbox: Outbox,
@@ -67,7 +67,8 @@ class LocalRuns:
         spawn: Spawn,
         profile_checkpoints: bool = False,
     ) -> None:
-        self._store = store
+        self._calls = calls
+        self._reads = reads
         self._handle_class = ProfiledRunHandle if profile_checkpoints else RunHandle
         self._lease = lease
         self._sync = sync
@@ -138,7 +139,7 @@ class LocalRuns:
         async def cancel(state: RunState) -> None:
             try:
                 async with asyncio.timeout(timeout):
-                    answer = await self._store.request_cancel(
+                    answer = await self._calls.request_cancel(
                         _shutdown(state.run_id, self._lease.node_id),
                         waiter="",
                         caller=self._lease.node_id,
@@ -173,28 +174,13 @@ class LocalRuns:
         node_id, epoch = self._lease.node_id, self._lease.epoch
         self.starting += 1
         self._claiming.add(spec.run_id)
-        try:
-            code, fields, detail = await self._store.start_run(
+        try:  # Fenced, SessionBusy, RunExists, RunCancelled (it must not start)...
+            fields = await self._calls.start_run(
                 spec.run_id, node_id, epoch, spec.session, spec.metadata, spec.relay, spec.parent
             )
         finally:
             self.starting -= 1
             self._claiming.discard(spec.run_id)
-        if code == "fenced":
-            raise Fenced(f"node {node_id} has lost its lease")
-        if code == "missing":
-            raise BusUnavailable("Redis lost this node's record; it re-registers within a beat")
-        if code == "session_busy":
-            assert spec.session is not None
-            raise SessionBusy(spec.session, detail)
-        assert fields is not None
-        if code == "cancelled":  # its parent's cancel, or a tombstone: it never starts
-            raise RunCancelled(spec.run_id, RunInfo.from_redis(fields).cancel_request)
-        if code == "exists":
-            run = RunInfo.from_redis(fields)
-            if run.status is RunStatus.CANCELLED and run.started_at is None:
-                raise RunCancelled(run.run_id, run.cancel_request)
-            raise RunExists(run.run_id, run.status.value)
         state = RunState(
             spec.run_id,
             fields,
@@ -236,7 +222,7 @@ class LocalRuns:
         finishes = [self._finish(state, ending) for state, ending in ends]
         self.finishing += len(ends)
         try:
-            answers = await self._store.finish_runs(finishes, timeout=self._lease.interval)
+            answers = await self._calls.finish_runs(finishes, timeout=self._lease.interval)
         finally:
             self.finishing -= len(ends)
         errors: list[BaseException | None] = []
@@ -259,20 +245,19 @@ class LocalRuns:
         return errors
 
     async def set_waiting(self, state: RunState, waiting: bool) -> None:
-        target = RunStatus.WAITING if waiting else RunStatus.RUNNING
-        code, detail = await self._store.set_waiting(
-            state.run_id, self._lease.node_id, state.epoch, target
-        )
-        if code == "ok":
+        """Mark the run waiting or running; a cancel pending on it (or that ended it while it
+        waited) is delivered and raised."""
+        node_id = self._lease.node_id
+        if await self._calls.set_waiting(state.run_id, node_id, state.epoch, waiting):
             return
-        if code == "fenced":
-            raise Fenced(f"run {state.run_id} is no longer owned by this node incarnation")
-        run = await self._store.get_run(state.run_id)
+        run = await self._reads.get_run(state.run_id)
         request = run.cancel_request if run is not None else None
-        if request is not None:
-            self.deliver(state.run_id, request)
-            raise RunCancelled(state.run_id, request)
-        raise CancelBusError(f"run {state.run_id} cannot become {target.value}: it is {detail}")
+        if request is None:
+            target = "waiting" if waiting else "running"
+            status = run.status.value if run is not None else "gone"
+            raise CancelBusError(f"run {state.run_id} cannot become {target}: it is {status}")
+        self.deliver(state.run_id, request)
+        raise RunCancelled(state.run_id, request)
 
     def run_changed(self, state: RunState) -> None:
         self._sync.mark(state)
@@ -296,7 +281,7 @@ class LocalRuns:
         """One run's finish, alone (the outbox's retry)."""
         self.finishing += 1
         try:
-            answer = await self._store.finish_run(self._finish(state, ending), self._lease.interval)
+            answer = await self._calls.finish_run(self._finish(state, ending), self._lease.interval)
         finally:
             self.finishing -= 1
         self._finished(state, answer)
@@ -320,22 +305,18 @@ class LocalRuns:
             notes=state.take_notes(),
         )
 
-    def _finished(self, state: RunState, answer: FinishAnswer) -> None:
-        """Redis answered the run's finish: it leaves the table (unless Redis lost this node's
-        record: :class:`BusUnavailable`, retried once the node re-registers)."""
-        code, final, _ = answer
-        if code == "missing":
-            raise BusUnavailable("Redis lost this node's record; retrying after it re-registers")
+    def _finished(self, state: RunState, answer: Finished) -> None:
+        """Redis answered the run's finish: it leaves the table."""
         self._runs.pop(state.run_id, None)
         if not self._runs:
             self._empty.set()
-        if code == "fenced":
+        if answer.code is Code.FENCED:
             self._stats.finishes_fenced += 1
             log.warning(
                 "cancel-bus: finish of %s refused: its incarnation was fenced", state.run_id
             )
             return
-        state.final_status = RunStatus(final)
+        state.final_status = RunStatus(answer.status)
 
 
 def _shutdown(run_id: str, node_id: str) -> CancelOrder:

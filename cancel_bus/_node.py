@@ -8,6 +8,7 @@ import contextlib
 import logging
 
 from ._caller import CallerSide
+from ._calls import ScriptCalls
 from ._duties import Duties, Duty
 from ._errors import BusClosed, CancelBusError
 from ._inbox import Inbox
@@ -15,13 +16,14 @@ from ._keys import KeySpace
 from ._lease import Lease
 from ._local import LocalRuns
 from ._messages import MessageSigner
+from ._notices import Notices
 from ._outbox import Outbox
+from ._reads import Reads
 from ._recovery import Recovery
 from ._redis import Topology, connect
 from ._selection import Selections
 from ._server import ServerCheck
 from ._state import Lifecycle
-from ._store import RunStore
 from ._sync import RunSync
 from ._types import BusStats
 from ._waiters import Waiters
@@ -57,25 +59,30 @@ class Node:
         self.duties = Duties()
         self._signer = MessageSigner(keys.namespace, signing_keys, self.clock)
         self.topology = connect(url, client_name=f"cancel-bus.{node_id}")
-        self.store = self._store_on(self.topology, retention)
+        self.notices = Notices(
+            self.topology.client, keys, pub_command=self.topology.pub_command, signer=self._signer
+        )
+        self.calls = self._calls_on(self.topology, retention)
+        self.reads = Reads(self.topology.client, keys)
         # The lease has connections of its own: work holding or queued for the main pool (64
         # followers in a blocking read, a burst of finishes) must not hold up the heartbeat.
         self._lease_topology = connect(
             url, client_name=f"cancel-bus.{node_id}.lease", max_connections=2
         )
         self.lease = Lease(
-            self._store_on(self._lease_topology, retention),
+            self._calls_on(self._lease_topology, retention),
             node_id=node_id,
             lease_ttl=lease_ttl,
             self_fence_after=self_fence_after,
             version=version,
         )
-        self.server = ServerCheck(self.store, stats, accept_eviction=accept_eviction)
+        self.server = ServerCheck(self.reads, stats, accept_eviction=accept_eviction)
         self.waiters = Waiters()
-        self.sync = RunSync(self.store, lambda: self.lease.node_id, stats)
+        self.sync = RunSync(self.calls, lambda: self.lease.node_id, stats)
         self.outbox = Outbox()
         self.local = LocalRuns(
-            store=self.store,
+            calls=self.calls,
+            reads=self.reads,
             lease=self.lease,
             sync=self.sync,
             outbox=self.outbox,
@@ -87,7 +94,8 @@ class Node:
         )
         self.inbox = Inbox(
             topology=self.topology,
-            store=self.store,
+            reads=self.reads,
+            notices=self.notices,
             lease=self.lease,
             signer=self._signer,
             local=self.local,
@@ -97,7 +105,8 @@ class Node:
         )
         self.recovery = Recovery(
             lease=self.lease,
-            store=self.store,
+            calls=self.calls,
+            reads=self.reads,
             local=self.local,
             inbox=self.inbox,
             outbox=self.outbox,
@@ -109,10 +118,11 @@ class Node:
         )
         self.lease.holder = self.recovery
         self.lease.probe = lambda: self.inbox.probe_back
-        self.selections = Selections(self.store, self.clock)
+        self.selections = Selections(self.calls, self.reads, self.clock)
         self.caller = CallerSide(
             node_id=lambda: self.lease.node_id,
-            store=self.store,
+            calls=self.calls,
+            reads=self.reads,
             local=self.local,
             recovery=self.recovery,
             waiters=self.waiters,
@@ -207,14 +217,16 @@ class Node:
                 self.lease.node_id,
             )
 
-    def _store_on(self, topology: Topology, retention: float) -> RunStore:
-        return RunStore(
+    def _calls_on(self, topology: Topology, retention: float) -> ScriptCalls:
+        notices = Notices(
+            topology.client, self.keys, pub_command=topology.pub_command, signer=self._signer
+        )
+        return ScriptCalls(
             topology.client,
             self.keys,
             retention=retention,
-            pub_command="SPUBLISH" if topology.cluster else "PUBLISH",
+            notices=notices,
             spawn=self.duties.spawn,
-            signer=self._signer,
         )
 
     async def _close_clients(self) -> None:

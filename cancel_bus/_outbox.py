@@ -49,7 +49,7 @@ class Outbox:
         return Duty("terminal writes", self.flush, lambda: math.inf, self._backoff, self.wake)
 
     async def flush(self) -> None:
-        """Try every pending write once, all together (the store batches them). Raises what
+        """Try every pending write once, all together (their calls leave in batches). Raises what
         kept one (or more) waiting: :class:`BusUnavailable`, or a defect."""
         pending = list(self._pending.items())
         results = await asyncio.gather(*(write() for _, write in pending), return_exceptions=True)

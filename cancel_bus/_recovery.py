@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import logging
 
+from ._calls import CancelOrder, Finish, ScriptCalls
 from ._duties import Spawn
 from ._errors import BusClosed, BusUnavailable, CancelBusError, Fenced
 from ._inbox import Inbox
@@ -27,9 +28,10 @@ from ._lease import Lease
 from ._local import LocalRuns
 from ._messages import run_target
 from ._outbox import Outbox
+from ._protocol import Code
+from ._reads import Reads
 from ._redis import raise_if_cancelling
 from ._state import Lifecycle
-from ._store import CancelOrder, Finish, RunStore
 from ._timed import TimedMap
 from ._types import BusStats, CancelRequest, RunInfo, RunStatus, StopCause
 from ._waiters import Waiters
@@ -42,7 +44,8 @@ class Recovery:
         self,
         *,
         lease: Lease,
-        store: RunStore,
+        calls: ScriptCalls,
+        reads: Reads,
         local: LocalRuns,
         inbox: Inbox,
         outbox: Outbox,
@@ -53,7 +56,8 @@ class Recovery:
         spawn: Spawn,
     ) -> None:
         self._lease = lease
-        self._store = store
+        self._calls = calls
+        self._reads = reads
         self._local = local
         self._inbox = inbox
         self._outbox = outbox
@@ -115,7 +119,7 @@ class Recovery:
             try:
                 await self._reconcile()
                 for run_id in self._waiters.run_ids():
-                    await self._store.add_waiter(run_id, self._lease.node_id)
+                    await self._calls.add_waiter(run_id, self._lease.node_id)
                 self._unconfirmed.update(iter(self._accepted))
                 await self._reissue_accepted()
             except BusUnavailable as exc:
@@ -145,28 +149,31 @@ class Recovery:
                     await self._inbox.subscribe(timeout=max(5.0, self._lease.lease_ttl))
                 for run_id in self._waiters.run_ids():
                     with contextlib.suppress(BusUnavailable):
-                        await self._store.add_waiter(run_id, node_id)
+                        await self._calls.add_waiter(run_id, node_id)
                 log.warning("cancel-bus: rejoined as %s (epoch %s)", node_id, self._lease.epoch)
                 return
 
     async def _reconcile(self) -> None:
         """Make Redis's list of our runs match the runs we hold."""
         node_id, epoch = self._lease.node_id, self._lease.epoch
-        recorded = await self._store.node_run_ids(node_id)
+        recorded = await self._reads.node_run_ids(node_id)
         for state in self._local.states():
             if state.run_id in recorded or state.epoch != epoch or state.finishing:
                 continue
-            code, detail = await self._store.reassert_run(
+            answer = await self._calls.reassert_run(
                 state.run_id, node_id, state.epoch, state.record()
             )
-            if code in ("ok", "recreated"):
-                self._stats.runs_reasserted += code == "recreated"
-            elif code in ("finished", "foreign"):  # no longer ours: its record says why
-                log.warning("cancel-bus: run %s is %s in Redis (%s)", state.run_id, code, detail)
+            if answer.code in (Code.OK, Code.RECREATED):
+                self._stats.runs_reasserted += answer.code is Code.RECREATED
+            elif answer.code in (Code.FINISHED, Code.FOREIGN):  # no longer ours: says why
+                detail = answer.status or answer.owner
+                log.warning(
+                    "cancel-bus: run %s is %s in Redis (%s)", state.run_id, answer.code, detail
+                )
                 state.stop(StopCause.LEASE_LOST, self._lease.clock())
         grace = self._lease.clock() - self._lease.lease_ttl
         strays = [i for i in recorded if i not in self._local and i not in self._outbox]
-        for run in await self._store.get_runs(strays):
+        for run in await self._reads.get_runs(strays):
             if run.is_active and run.owner == node_id and (run.started_at or 0) < grace:
                 await self._resolve_stray(run)
 
@@ -186,8 +193,7 @@ class Recovery:
             observed_at=None,
             record=dict,
         )
-        code, _, _ = await self._store.finish_run(stray)
-        if code == "ok":
+        if (await self._calls.finish_run(stray)).code is Code.OK:
             self._stats.orphans_resolved += 1
 
     async def _reissue_accepted(self) -> None:
@@ -207,8 +213,8 @@ class Recovery:
                 request.requested_by,
                 request.cause,
             )
-            answer = await self._store.request_cancel(order, waiter="", caller=self._lease.node_id)
-            if answer.code in ("not_found", "recovering"):
+            answer = await self._calls.request_cancel(order, waiter="", caller=self._lease.node_id)
+            if answer.code in (Code.NOT_FOUND, Code.RECOVERING):
                 continue
             self._unconfirmed.discard(run_id)
             run = answer.run

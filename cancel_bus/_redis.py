@@ -58,6 +58,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from ._errors import BusMisconfigured, BusUnavailable, CancelBusError, InvalidArgument
 
 T = TypeVar("T")
+Client = Redis | RedisCluster  # a command client, of one server or a cluster
 Backoff = AbstractBackoff  # how long to rest after failures in a row (redis-py's classes)
 
 RETRYABLE: tuple[type[Exception], ...] = (
@@ -94,6 +95,11 @@ class Topology:
     client: Redis | RedisCluster
     cluster: bool
 
+    @property
+    def pub_command(self) -> str:
+        """How a node channel is published to: sharded pub/sub on a cluster."""
+        return "SPUBLISH" if self.cluster else "PUBLISH"
+
     async def subscriber(self, channel: str) -> tuple[Redis, bool]:
         """A client to (s)subscribe ``channel`` with, and whether it is a dedicated one (to close
         after use). On a cluster: the primary serving the channel's slot, looked up afresh."""
@@ -109,6 +115,14 @@ class Topology:
 
     async def aclose(self) -> None:
         await self.client.aclose()
+
+
+async def info_of(client: Client, key: str) -> dict[str, Any]:
+    """``INFO`` of the server that holds ``key`` (on a cluster: the primary of its slot)."""
+    if isinstance(client, RedisCluster):
+        await client.initialize()  # its map of the slots, once
+        return await client.info(target_nodes=client.get_node_from_key(key))
+    return await client.info()
 
 
 def connect(

@@ -14,8 +14,9 @@ import os
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from ._calls import ScriptCalls
 from ._errors import InvalidArgument
-from ._store import RunStore
+from ._reads import Reads
 from ._types import CancelMode, CancelResult, SelectorResult, StopCause, Tombstone
 
 CancelOne = Callable[[str], Awaitable[CancelResult]]
@@ -23,8 +24,9 @@ OPERATION_HOLD = 60.0  # seconds a tombstone lasts when only the operation needs
 
 
 class Selections:
-    def __init__(self, store: RunStore, clock: Callable[[], float]) -> None:
-        self._store = store
+    def __init__(self, calls: ScriptCalls, reads: Reads, clock: Callable[[], float]) -> None:
+        self._calls = calls
+        self._reads = reads
         self._clock = clock
 
     async def cancel_where(
@@ -39,15 +41,15 @@ class Selections:
         cancel: CancelOne,
     ) -> SelectorResult:
         if dry_run:
-            run_ids = await self._store.select_runs(selector)
+            run_ids = await self._calls.select_runs(selector)
             return SelectorResult(matched=len(run_ids), run_ids=run_ids, dry_run=True)
         tombstone = await self._lay(selector, hold or OPERATION_HOLD, mode, reason, requested_by)
         try:
-            run_ids = await self._store.select_runs(selector)
+            run_ids = await self._calls.select_runs(selector)
             results = await asyncio.gather(*(cancel(run_id) for run_id in run_ids))
         finally:
             if hold is None:
-                await self._store.remove_tombstone(tombstone.tombstone_id)
+                await self._calls.remove_tombstone(tombstone.tombstone_id)
         return SelectorResult(
             matched=len(run_ids),
             run_ids=run_ids,
@@ -57,10 +59,10 @@ class Selections:
         )
 
     async def tombstones(self) -> list[Tombstone]:
-        return await self._store.tombstones()
+        return await self._reads.tombstones()
 
     async def remove_tombstone(self, tombstone_id: str) -> bool:
-        return await self._store.remove_tombstone(tombstone_id)
+        return await self._calls.remove_tombstone(tombstone_id)
 
     async def _lay(
         self,
@@ -72,7 +74,7 @@ class Selections:
     ) -> Tombstone:
         tombstone_id = os.urandom(8).hex()
         now = self._clock()
-        laid = await self._store.add_tombstone(
+        laid = await self._calls.add_tombstone(
             tombstone_id, selector, mode, reason, requested_by, StopCause.USER, seconds
         )
         if not laid:

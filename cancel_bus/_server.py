@@ -18,8 +18,8 @@ from typing import Any
 
 from ._duties import Duty
 from ._errors import BusMisconfigured, BusUnavailable
+from ._reads import Reads
 from ._redis import backoff
-from ._store import RunStore
 from ._types import BusStats
 
 log = logging.getLogger("cancel_bus")
@@ -29,8 +29,8 @@ SAFE_POLICY = "noeviction"
 
 
 class ServerCheck:
-    def __init__(self, store: RunStore, stats: BusStats, *, accept_eviction: bool) -> None:
-        self._store = store
+    def __init__(self, reads: Reads, stats: BusStats, *, accept_eviction: bool) -> None:
+        self._reads = reads
         self._stats = stats
         self._accept_eviction = accept_eviction
         self.policy: str | None = None  # None: not known (hidden, or not read yet)
@@ -94,7 +94,7 @@ class ServerCheck:
     async def _read(self) -> dict[str, Any] | None:
         self.looks += 1
         try:
-            info = await self._store.server_info()
+            info = await self._reads.server_info()
         except BusMisconfigured as exc:
             if exc.code != "NOPERM":
                 raise

@@ -13,11 +13,11 @@ import asyncio
 import math
 from collections.abc import Callable
 
+from ._calls import ScriptCalls, SyncItem
 from ._duties import Duty
 from ._errors import BusUnavailable, CancelBusError
 from ._redis import backoff
 from ._run import RunState
-from ._store import RunStore, SyncItem
 from ._types import BusStats
 
 MAX_PENDING_RELAY = 10_000
@@ -25,8 +25,8 @@ DELIVERY_LINGER = 0.1  # seconds a delivery time waits for the run's finish to c
 
 
 class RunSync:
-    def __init__(self, store: RunStore, node_id: Callable[[], str], stats: BusStats) -> None:
-        self._store = store
+    def __init__(self, calls: ScriptCalls, node_id: Callable[[], str], stats: BusStats) -> None:
+        self._calls = calls
         self._node_id = node_id
         self._stats = stats
         self._dirty: dict[str, RunState] = {}
@@ -91,7 +91,7 @@ class RunSync:
                     by_epoch.setdefault(state.epoch, []).append(SyncItem(state.run_id, *updates))
             try:
                 for epoch, items in by_epoch.items():
-                    await self._store.sync_runs(self._node_id(), epoch, items)
+                    await self._calls.sync_runs(self._node_id(), epoch, items)
             except BusUnavailable:
                 for state, updates in taken:
                     if updates is not None:

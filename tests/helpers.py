@@ -8,6 +8,11 @@ from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
 from cancel_bus import CancelBus, RunHandle
+from cancel_bus._calls import ScriptCalls
+from cancel_bus._keys import KeySpace
+from cancel_bus._messages import MessageSigner
+from cancel_bus._notices import Notices
+from cancel_bus._redis import Client
 
 from .faultproxy import FaultProxy
 
@@ -18,6 +23,14 @@ WAIT = 10.0  # the bound of every wait in the tests
 def spawn(name: str, work: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
     """A node's ``Duties.spawn`` for a room built alone in a test: a plain task."""
     return asyncio.create_task(work, name=name)
+
+
+def calls_on(redis: Client, namespace: str, retention: float = 3600) -> ScriptCalls:
+    """The script calls of a node of ``namespace`` (unsigned), built alone for a test."""
+    keys = KeySpace(namespace)
+    signer = MessageSigner(namespace, [], time.time)
+    notices = Notices(redis, keys, pub_command="PUBLISH", signer=signer)
+    return ScriptCalls(redis, keys, retention=retention, notices=notices, spawn=spawn)
 
 
 class LoopingRun:

@@ -464,7 +464,7 @@ async def test_an_immediate_cancel_that_beats_the_registration_still_interrupts(
     make_bus: BusFactory, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     a, b = await make_bus(), await make_bus()
-    register = a._store.start_run
+    register = a._node.calls.start_run
 
     async def cancelled_in_between(run_id: str, *args: Any) -> Any:
         """The run is recorded, then the cancel's message reaches the owner before the
@@ -474,7 +474,7 @@ async def test_an_immediate_cancel_that_beats_the_registration_still_interrupts(
         await eventually(lambda: _remembered(a, run_id))
         return answer
 
-    monkeypatch.setattr(a._store, "start_run", cancelled_in_between)
+    monkeypatch.setattr(a._node.calls, "start_run", cancelled_in_between)
 
     async def work() -> None:
         async with a.run("early-bird"):

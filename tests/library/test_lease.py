@@ -11,12 +11,11 @@ import pytest
 import redis.asyncio as aioredis
 
 from cancel_bus import _lease
-from cancel_bus._keys import KeySpace
 from cancel_bus._lease import Lease
-from cancel_bus._store import RunStore
+from cancel_bus._protocol import Code
 from cancel_bus._types import StopCause
 
-from ..helpers import WAIT, spawn
+from ..helpers import WAIT, calls_on
 
 DEAD_RUNS = 1000
 
@@ -41,13 +40,12 @@ async def test_reaping_yields_to_the_next_heartbeat(
     # a dead node with more runs than one beat can reap must not hold up the reaper's own
     # heartbeat until its lease runs out: each beat reaps for half an interval at most
     monkeypatch.setattr(_lease, "REAP_BUDGET", 1)  # a script per run
-    store = RunStore(
-        raw_redis, KeySpace(namespace), retention=3600, pub_command="PUBLISH", spawn=spawn
-    )
+    store = calls_on(raw_redis, namespace)
     epoch = uuid.uuid4().hex[:16]
-    assert (await store.register_node("dead", 60, "test", epoch, restore=False))[0] == "ok"
+    code, _ = await store.register_node("dead", 60, 20, "test", epoch, restore=False)
+    assert code is Code.OK
     for i in range(DEAD_RUNS):
-        assert (await store.start_run(f"r{i}", "dead", epoch, None, None, False))[0] == "ok"
+        await store.start_run(f"r{i}", "dead", epoch, None, None, False)
     await raw_redis.zadd(store.keys.nodes, {"dead": time.time() - 1})  # its lease expired
     clock = _ScriptClock()  # each reaping script takes 10 ms, whatever the machine's speed
     monkeypatch.setattr(_lease, "time", SimpleNamespace(monotonic=clock, time=time.time))

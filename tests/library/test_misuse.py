@@ -13,7 +13,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from cancel_bus import InvalidArgument, RunExists, RunStatus
-from cancel_bus._store import RunStore
+from cancel_bus._notices import Notices
 
 from ..conftest import BusFactory
 from ..helpers import WAIT, LoopingRun
@@ -130,13 +130,13 @@ async def test_a_probe_loop_whose_cancellation_was_swallowed_ends_with_its_task(
     """A loop cancelled by the event loop's end (no close, no stop flag) must not go on."""
     entered = asyncio.Event()
 
-    async def swallowing(self: RunStore, node_id: str, epoch: str, nonce: str) -> int:
+    async def swallowing(self: Notices, node_id: str, epoch: str, nonce: str) -> int:
         entered.set()
         with contextlib.suppress(asyncio.CancelledError):  # as redis-py can, in a rare race
             await asyncio.sleep(3600)
         return 1
 
-    monkeypatch.setattr(RunStore, "publish_probe", swallowing)
+    monkeypatch.setattr(Notices, "probe", swallowing)
     await make_bus(lease_ttl=30.0)  # a probe every 5 s
     await asyncio.wait_for(entered.wait(), WAIT)
     probing = next(task for task in asyncio.all_tasks() if task.get_name() == "cancel-bus probe")

@@ -15,7 +15,8 @@ import pytest
 import redis.asyncio as aioredis
 
 from cancel_bus import CancelBus, CancelMode, Outcome, RunCancelled, RunEnded, RunHandle
-from cancel_bus._store import RunStore
+from cancel_bus._notices import Notices
+from cancel_bus._reads import Reads
 from node.embedded import EmbeddedServer
 
 from ..conftest import BusFactory
@@ -170,13 +171,13 @@ async def test_a_probe_whose_cancellation_was_swallowed_still_stops_with_the_bus
 ) -> None:
     entered = asyncio.Event()
 
-    async def swallowing(self: RunStore, node_id: str, epoch: str, nonce: str) -> int:
+    async def swallowing(self: Notices, node_id: str, epoch: str, nonce: str) -> int:
         entered.set()  # as redis-py can, in a rare race: the cancellation is lost in a connect
         with contextlib.suppress(asyncio.CancelledError):
             await asyncio.Event().wait()
         return 1
 
-    monkeypatch.setattr(RunStore, "publish_probe", swallowing)
+    monkeypatch.setattr(Notices, "probe", swallowing)
     bus = await make_bus(lease_ttl=30.0)  # a probe every 5 s: longer than a shutdown may take
     await asyncio.wait_for(entered.wait(), WAIT)
     probing = [task for task in asyncio.all_tasks() if task.get_name() == "cancel-bus probe"]
@@ -191,7 +192,7 @@ async def test_a_sweep_started_by_a_subscription_ends_with_the_bus(
     bus = await make_bus()
     entered = asyncio.Event()
 
-    async def slow(self: RunStore, node_id: str) -> dict[str, CancelMode]:
+    async def slow(self: Reads, node_id: str) -> dict[str, CancelMode]:
         entered.set()  # Redis slow to answer when the bus closes
         try:
             await asyncio.Event().wait()
@@ -199,7 +200,7 @@ async def test_a_sweep_started_by_a_subscription_ends_with_the_bus(
             await asyncio.sleep(0.2)  # the call takes a while to let go of its connection
         return {}
 
-    monkeypatch.setattr(RunStore, "pending_cancels", slow)
+    monkeypatch.setattr(Reads, "pending_cancels", slow)
     bus._node.inbox.unsubscribe()
     await bus._node.inbox.subscribe(timeout=WAIT)  # subscribed again: it sweeps at once
     await asyncio.wait_for(entered.wait(), WAIT)

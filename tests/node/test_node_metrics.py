@@ -23,6 +23,7 @@ from ..node_cluster import Cluster, NodeProcess
 # the series of the process as a whole; every other cancel_bus_* series is about one bus
 PROCESS_WIDE = {
     "cancel_bus_open_streams",
+    "cancel_bus_streams_dropped",
     "cancel_bus_node_tasks",
     "cancel_bus_http_requests",
     "cancel_bus_http_request_duration_seconds",
