@@ -27,12 +27,9 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from redis.asyncio import Redis
-from redis.asyncio.cluster import RedisCluster
-from redis.commands.core import AsyncScript
-
 from ._duties import Spawn
 from ._errors import BusClosed, BusUnavailable
+from ._redis import Client, Script
 
 MAX_CALLS = 128
 MAX_BYTES = 256 * 1024
@@ -64,8 +61,8 @@ class _Call:
 class ScriptBatcher:
     """``spawn`` starts a batch's send as the node's background work (its owner stops them)."""
 
-    def __init__(self, redis: Redis | RedisCluster, scripts: dict[str, str], spawn: Spawn) -> None:
-        self._scripts: dict[str, AsyncScript] = {
+    def __init__(self, redis: Client, scripts: dict[str, str], spawn: Spawn) -> None:
+        self._scripts: dict[str, Script] = {
             name: redis.register_script(text) for name, text in scripts.items()
         }
         self._spawn = spawn
@@ -123,7 +120,7 @@ class ScriptBatcher:
             if batch:
                 self._send_soon(self._scripts[name], batch)
 
-    def _send_soon(self, script: AsyncScript, batch: list[_Call]) -> None:
+    def _send_soon(self, script: Script, batch: list[_Call]) -> None:
         try:
             task = self._spawn("a batch of script calls", self._send(script, batch))
         except BusClosed as exc:  # the node's background work is stopped: nothing leaves
@@ -136,7 +133,7 @@ class ScriptBatcher:
         self._in_flight -= 1
         self._schedule_flush()
 
-    async def _send(self, script: AsyncScript, batch: list[_Call]) -> None:
+    async def _send(self, script: Script, batch: list[_Call]) -> None:
         payload = f"[{','.join(c.encoded for c in batch)}]"
         timeouts = [c.timeout for c in batch if c.timeout is not None]
         try:  # redis-py loads the script and calls again if the server lacks it

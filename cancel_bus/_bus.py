@@ -11,13 +11,9 @@ finish notice.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import AsyncIterator, Sequence
 from types import TracebackType
 from typing import Any
-
-from redis.asyncio import Redis
-from redis.asyncio.cluster import RedisCluster
 
 from . import _checks as check
 from ._calls import CancelOrder
@@ -25,7 +21,7 @@ from ._follow import follow
 from ._keys import KeySpace, new_node_id, validate_id
 from ._messages import run_target, session_target
 from ._node import Node
-from ._redis import within
+from ._redis import Client, pool_counts, within
 from ._run import RunHandle, RunScope, RunSpec
 from ._types import (
     BusStats,
@@ -74,7 +70,7 @@ class CancelBus:
         promptly; it costs a little on every checkpoint. ``accept_eviction``: start on a Redis
         whose ``maxmemory-policy`` may evict keys (refused otherwise: it would drop live runs);
         the risk is then one of :attr:`warnings`."""
-        self.keys = KeySpace(namespace)
+        self._keys = KeySpace(namespace)
         if node_id is not None:
             validate_id(node_id, "node_id")
         fence_after = check.settings(
@@ -84,7 +80,7 @@ class CancelBus:
         self.stats = BusStats()
         self._node = Node(
             url,
-            self.keys,
+            self._keys,
             self.stats,
             node_id=node_id or new_node_id(),
             fixed_node_id=node_id is not None,
@@ -116,8 +112,19 @@ class CancelBus:
         return self._node.lease.lease_ttl
 
     @property
-    def redis(self) -> Redis | RedisCluster:
-        return self._node.topology.client
+    def namespace(self) -> str:
+        return self._keys.namespace
+
+    def pool_stats(self) -> dict[str, int]:
+        """The command connections by state (``idle``, ``used``); empty where redis-py does not
+        count them (a cluster has a pool per shard)."""
+        return pool_counts(self._node.topology.client)
+
+    def _adapter_store(self) -> tuple[Client, str]:
+        """For this package's adapters that keep records of their own beside the bus's (A2A
+        tasks, held cancels): the command client, and the namespace's key prefix to put them
+        under."""
+        return self._node.topology.client, self._keys.prefix
 
     @property
     def ready(self) -> bool:
@@ -306,14 +313,8 @@ class CancelBus:
             mode=checked_mode,
             reason=reason,
             requested_by=requested_by,
-            cancel=functools.partial(
-                self.cancel,
-                mode=checked_mode,
-                reason=reason,
-                requested_by=requested_by,
-                wait=wait,
-                timeout=timeout,
-            ),
+            wait=wait,
+            timeout=timeout,
         )
 
     async def tombstones(self) -> list[Tombstone]:

@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
 
 from ._calls import CancelAnswer, CancelOrder, ScriptCalls
 from ._errors import BusUnavailable
+from ._lease import Lease
 from ._local import Delivery, LocalRuns
 from ._protocol import Code
 from ._reads import Reads
@@ -35,7 +35,7 @@ class CallerSide:
     def __init__(
         self,
         *,
-        node_id: Callable[[], str],
+        lease: Lease,
         calls: ScriptCalls,
         reads: Reads,
         local: LocalRuns,
@@ -43,7 +43,7 @@ class CallerSide:
         waiters: Waiters,
         stats: BusStats,
     ) -> None:
-        self._node_id = node_id
+        self._lease = lease
         self._calls = calls
         self._reads = reads
         self._local = local
@@ -58,7 +58,7 @@ class CallerSide:
         pause = RECOVERING_FIRST
         while True:
             request = self._calls.request_cancel(
-                order, waiter=self._node_id() if wait else "", caller=self._node_id()
+                order, waiter=self._lease.node_id if wait else "", caller=self._lease.node_id
             )
             answer = await within(
                 max(0.0, deadline - loop.time()), request, "; the cancel may not be recorded"
@@ -108,7 +108,7 @@ class CallerSide:
     async def wait(self, run_id: str, timeout: float) -> RunInfo | None:
         """The run as it stands at its end or at the timeout (None if unknown)."""
         deadline = asyncio.get_running_loop().time() + timeout
-        status = await within(timeout, self._calls.add_waiter(run_id, self._node_id()))
+        status = await within(timeout, self._calls.add_waiter(run_id, self._lease.node_id))
         if not status:
             return None
         if RunStatus(status).is_active:
@@ -123,7 +123,7 @@ class CallerSide:
         request = run.cancel_request
         assert request is not None
         self._recovery.accepted(run.run_id, request)
-        here = run.owner == self._node_id()
+        here = run.owner == self._lease.node_id
         if here and self._local.deliver(run.run_id, request) is Delivery.DELIVERED:
             self._stats.cancels_delivered += 1
 

@@ -30,8 +30,6 @@ import os
 import time
 from typing import Any
 
-from redis.exceptions import RedisError
-
 from ._duties import Duty
 from ._errors import BusUnavailable, CancelBusError
 from ._lease import Lease
@@ -47,7 +45,7 @@ from ._messages import (
 )
 from ._notices import Notices
 from ._reads import Reads
-from ._redis import Topology, backoff, is_closed_transport, raise_if_cancelling
+from ._redis import Topology, backoff, is_closed_transport, raise_if_cancelling, translated
 from ._types import BusStats
 from ._waiters import Waiters
 
@@ -144,10 +142,11 @@ class Inbox:
             return math.inf
         self._moved.clear()
         try:
-            await self._subscription(channel)
+            with translated("subscription"):
+                await self._subscription(channel)
         except Exception as exc:
             raise_if_cancelling()
-            known = isinstance(exc, RedisError | OSError | CancelBusError)
+            known = isinstance(exc, OSError | CancelBusError)
             if not known and not is_closed_transport(exc):
                 log.exception("cancel-bus: unexpected error in the subscriber loop")
             elif not self.connected:
@@ -192,9 +191,9 @@ class Inbox:
                 elif kind in _SUBSCRIBED:
                     await self._confirmed_now()
                 elif kind in _UNSUBSCRIBED:  # the server dropped us (the slot moved)
-                    raise RedisError("the subscription was dropped by the server")
+                    raise BusUnavailable("the subscription was dropped by the server")
             if now - last_heard > 2 * self._ping_interval:
-                raise RedisError("no answer to ping on the subscriber connection")
+                raise BusUnavailable("no answer to ping on the subscriber connection")
             if now - last_ping >= self._ping_interval:
                 last_ping = now
                 await pubsub.ping(_PING)
@@ -222,9 +221,8 @@ class Inbox:
         message = parse_message(body) if body is not None and rejection is None else None
         if rejection is None and message is None:
             rejection = Rejection.MALFORMED
-        if message is not None and not addressed_to(
-            message, self._lease.node_id, self._lease.epoch
-        ):
+        me = self._lease.identity
+        if message is not None and not addressed_to(message, me.node_id, me.epoch):
             rejection = Rejection.MISADDRESSED
         if rejection is not None or message is None:
             self._reject(rejection or Rejection.MALFORMED)
@@ -269,7 +267,8 @@ class Inbox:
         nonce = os.urandom(8).hex()
         self._probe = (nonce, time.monotonic())
         try:
-            receivers = await self._notices.probe(self._lease.node_id, self._lease.epoch, nonce)
+            me = self._lease.identity
+            receivers = await self._notices.probe(me.node_id, me.epoch, nonce)
         except BusUnavailable as exc:
             log.debug("cancel-bus: probe not sent: %s", exc)
             self._probe = None  # Redis is away: the lease says so; this proves nothing

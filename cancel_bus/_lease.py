@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import secrets
 import time
-from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Protocol
 
 from ._calls import ScriptCalls
@@ -37,7 +37,18 @@ RETRY_FIRST = 0.05  # seconds before the first retry of a failed heartbeat; doub
 RETRY_SHARE = 0.25  # ... this share of the interval
 
 
+@dataclass(frozen=True, slots=True)
+class Identity:
+    """This node as Redis knows it: its id and its incarnation (``epoch``, its fencing token;
+    ``''`` until registered). A value: replaced whole when the node rejoins, never changed."""
+
+    node_id: str
+    epoch: str = ""
+
+
 class LeaseHolder(Protocol):
+    """Who the lease tells what Redis said (the node's recovery)."""
+
     async def lease_renewed(self, recorded_runs: int) -> None: ...
 
     def lease_lost(self, cause: StopCause, why: str) -> None: ...
@@ -46,8 +57,14 @@ class LeaseHolder(Protocol):
 
     def count_reaped(self, runs: int, nodes: int) -> None: ...
 
+    def probe_back(self) -> tuple[float, float] | None:
+        """When the node's last probe of its own channel came back (server clock), and how long
+        it took (s): shown with the heartbeat."""
+
 
 class Lease:
+    """The node's identity and its lease: registration, the heartbeat duty, fencing."""
+
     def __init__(
         self,
         calls: ScriptCalls,
@@ -62,9 +79,7 @@ class Lease:
         self.self_fence_after = self_fence_after
         self._version = version
         self.holder: LeaseHolder | None = None  # told of renewals, losses, amnesia, reaps
-        self.probe: Callable[[], tuple[float, float] | None] = lambda: None  # shown with it
-        self.node_id = node_id  # this incarnation's, once registered
-        self.epoch = ""
+        self.identity = Identity(node_id)
         self.offset = 0.0
         self.valid = False  # Redis has not said this incarnation's lease is gone
         self.self_fenced = False  # runs stopped: the lease may have run out unrenewed
@@ -72,6 +87,14 @@ class Lease:
         self._reaping = Trouble("reaping expired nodes")
         self._fence: asyncio.TimerHandle | None = None
         self._stopped = False
+
+    @property
+    def node_id(self) -> str:
+        return self.identity.node_id
+
+    @property
+    def epoch(self) -> str:
+        return self.identity.epoch
 
     @property
     def interval(self) -> float:
@@ -114,7 +137,7 @@ class Lease:
                     " check the URL's scheme and hosts)"
                 ) from None
             if code is Code.OK:
-                self.node_id, self.epoch, self.valid = node_id, epoch, True
+                self.identity, self.valid = Identity(node_id, epoch), True
                 self._renewed(sent, local_sent, server_now)
                 return
             if code is Code.FENCED:
@@ -158,10 +181,11 @@ class Lease:
             return  # the holder is rejoining as a new incarnation
         silent = time.monotonic() - self._last_renewed
         sent, local_sent = time.monotonic(), time.time()
+        me, probe = self.identity, self._tell().probe_back()
         try:
             async with asyncio.timeout(self.interval):
                 code, server_now, recorded = await self._calls.heartbeat(
-                    self.node_id, self.epoch, self.lease_ttl, self.interval, self.probe()
+                    me.node_id, me.epoch, self.lease_ttl, self.interval, probe
                 )
         except (CancelBusError, TimeoutError) as exc:  # unavailable, refused, or a defect
             left = self.fence_after - silent
@@ -172,7 +196,7 @@ class Lease:
             )
             reason = str(exc) or f"no answer within {self.interval:.2g} s"
             raise BusUnavailable(
-                f"{self.node_id}, {silent:.1f} s since the last renewal; {runs}: {reason}",
+                f"{me.node_id}, {silent:.1f} s since the last renewal; {runs}: {reason}",
                 getattr(exc, "code", None),
             ) from exc
         if code is Code.FENCED:
@@ -206,7 +230,8 @@ class Lease:
     async def leave(self) -> None:
         """Release the lease (a closing node): runs still recorded for it are resolved."""
         while self.valid:
-            code, done = await self._calls.leave_node(self.node_id, self.epoch)
+            me = self.identity
+            code, done = await self._calls.leave_node(me.node_id, me.epoch)
             if code is not Code.OK or done:
                 return
 

@@ -171,12 +171,18 @@ class LocalRuns:
         if spec.run_id in self._runs or spec.run_id in self._claiming:
             # Redis would take this node's second start of the id for a retried first one
             raise RunExists(spec.run_id, "running")
-        node_id, epoch = self._lease.node_id, self._lease.epoch
+        me = self._lease.identity
         self.starting += 1
         self._claiming.add(spec.run_id)
         try:  # Fenced, SessionBusy, RunExists, RunCancelled (it must not start)...
             fields = await self._calls.start_run(
-                spec.run_id, node_id, epoch, spec.session, spec.metadata, spec.relay, spec.parent
+                spec.run_id,
+                me.node_id,
+                me.epoch,
+                spec.session,
+                spec.metadata,
+                spec.relay,
+                spec.parent,
             )
         finally:
             self.starting -= 1
@@ -184,7 +190,7 @@ class LocalRuns:
         state = RunState(
             spec.run_id,
             fields,
-            epoch=epoch,
+            epoch=me.epoch,
             relay=spec.relay,
             max_output_chars=self._max_output_chars,
         )

@@ -78,7 +78,7 @@ class Node:
         )
         self.server = ServerCheck(self.reads, stats, accept_eviction=accept_eviction)
         self.waiters = Waiters()
-        self.sync = RunSync(self.calls, lambda: self.lease.node_id, stats)
+        self.sync = RunSync(self.calls, self.lease, stats)
         self.outbox = Outbox()
         self.local = LocalRuns(
             calls=self.calls,
@@ -117,10 +117,8 @@ class Node:
             spawn=self.duties.spawn,
         )
         self.lease.holder = self.recovery
-        self.lease.probe = lambda: self.inbox.probe_back
-        self.selections = Selections(self.calls, self.reads, self.clock)
         self.caller = CallerSide(
-            node_id=lambda: self.lease.node_id,
+            lease=self.lease,
             calls=self.calls,
             reads=self.reads,
             local=self.local,
@@ -128,6 +126,7 @@ class Node:
             waiters=self.waiters,
             stats=stats,
         )
+        self.selections = Selections(self.calls, self.reads, self.caller, self.clock)
 
     def problems(self) -> list[str]:
         """Why the node is not ready, in words (empty: ready)."""

@@ -131,6 +131,9 @@ class Recovery:
         self._stats.runs_reaped += runs
         self._stats.nodes_reaped += nodes
 
+    def probe_back(self) -> tuple[float, float] | None:
+        return self._inbox.probe_back
+
     # -- internals ----------------------------------------------------------------------------
 
     async def _rejoin(self) -> None:
@@ -155,7 +158,8 @@ class Recovery:
 
     async def _reconcile(self) -> None:
         """Make Redis's list of our runs match the runs we hold."""
-        node_id, epoch = self._lease.node_id, self._lease.epoch
+        me = self._lease.identity
+        node_id, epoch = me.node_id, me.epoch
         recorded = await self._reads.node_run_ids(node_id)
         for state in self._local.states():
             if state.run_id in recorded or state.epoch != epoch or state.finishing:

@@ -27,6 +27,7 @@ from redis.asyncio.connection import URL_QUERY_ARGUMENT_PARSERS
 from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel
 from redis.backoff import AbstractBackoff, ExponentialWithJitterBackoff
+from redis.commands.core import AsyncScript
 from redis.exceptions import (
     AskError,
     AuthenticationError,
@@ -59,6 +60,7 @@ from ._errors import BusMisconfigured, BusUnavailable, CancelBusError, InvalidAr
 
 T = TypeVar("T")
 Client = Redis | RedisCluster  # a command client, of one server or a cluster
+Script = AsyncScript  # a registered Lua script (EVALSHA, loaded again after NOSCRIPT)
 Backoff = AbstractBackoff  # how long to rest after failures in a row (redis-py's classes)
 
 RETRYABLE: tuple[type[Exception], ...] = (
@@ -115,6 +117,20 @@ class Topology:
 
     async def aclose(self) -> None:
         await self.client.aclose()
+
+
+# the attribute redis-py's get_connection_count() tells a pool's connections apart by
+_CONNECTION_STATE = "db.client.connection.state"
+
+
+def pool_counts(client: Client) -> dict[str, int]:
+    """The command pool's connections by state (``idle``, ``used``), as redis-py counts them;
+    empty on a cluster (a pool per shard) or with a redis-py that does not count."""
+    pool = getattr(client, "connection_pool", None)
+    counts = getattr(pool, "get_connection_count", None)
+    if counts is None:
+        return {}
+    return {str(attributes[_CONNECTION_STATE]): int(count) for count, attributes in counts()}
 
 
 async def info_of(client: Client, key: str) -> dict[str, Any]:

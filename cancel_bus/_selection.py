@@ -11,22 +11,28 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
-from ._calls import ScriptCalls
+from ._caller import CallerSide
+from ._calls import CancelOrder, ScriptCalls
 from ._errors import InvalidArgument
+from ._messages import run_target
 from ._reads import Reads
-from ._types import CancelMode, CancelResult, SelectorResult, StopCause, Tombstone
+from ._types import CancelMode, SelectorResult, StopCause, Tombstone
 
-CancelOne = Callable[[str], Awaitable[CancelResult]]
 OPERATION_HOLD = 60.0  # seconds a tombstone lasts when only the operation needs it
 
 
 class Selections:
-    def __init__(self, calls: ScriptCalls, reads: Reads, clock: Callable[[], float]) -> None:
+    """Selector cancels and tombstones; each matched run's cancel is the caller side's."""
+
+    def __init__(
+        self, calls: ScriptCalls, reads: Reads, caller: CallerSide, clock: Callable[[], float]
+    ) -> None:
         self._calls = calls
         self._reads = reads
+        self._caller = caller
         self._clock = clock
 
     async def cancel_where(
@@ -38,7 +44,8 @@ class Selections:
         mode: CancelMode,
         reason: str | None,
         requested_by: str | None,
-        cancel: CancelOne,
+        wait: bool,
+        timeout: float,
     ) -> SelectorResult:
         if dry_run:
             run_ids = await self._calls.select_runs(selector)
@@ -46,7 +53,15 @@ class Selections:
         tombstone = await self._lay(selector, hold or OPERATION_HOLD, mode, reason, requested_by)
         try:
             run_ids = await self._calls.select_runs(selector)
-            results = await asyncio.gather(*(cancel(run_id) for run_id in run_ids))
+            orders = [
+                CancelOrder(
+                    run_target(run_id), run_id, None, mode, reason, requested_by, StopCause.USER
+                )
+                for run_id in run_ids
+            ]
+            results = await asyncio.gather(
+                *(self._caller.cancel(order, wait, timeout) for order in orders)
+            )
         finally:
             if hold is None:
                 await self._calls.remove_tombstone(tombstone.tombstone_id)

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Callable
 
 from ._calls import ScriptCalls, SyncItem
 from ._duties import Duty
 from ._errors import BusUnavailable, CancelBusError
+from ._lease import Lease
 from ._redis import backoff
 from ._run import RunState
 from ._types import BusStats
@@ -25,9 +25,9 @@ DELIVERY_LINGER = 0.1  # seconds a delivery time waits for the run's finish to c
 
 
 class RunSync:
-    def __init__(self, calls: ScriptCalls, node_id: Callable[[], str], stats: BusStats) -> None:
+    def __init__(self, calls: ScriptCalls, lease: Lease, stats: BusStats) -> None:
         self._calls = calls
-        self._node_id = node_id
+        self._lease = lease
         self._stats = stats
         self._dirty: dict[str, RunState] = {}
         self.wake = asyncio.Event()  # a run changed
@@ -91,7 +91,7 @@ class RunSync:
                     by_epoch.setdefault(state.epoch, []).append(SyncItem(state.run_id, *updates))
             try:
                 for epoch, items in by_epoch.items():
-                    await self._calls.sync_runs(self._node_id(), epoch, items)
+                    await self._calls.sync_runs(self._lease.node_id, epoch, items)
             except BusUnavailable:
                 for state, updates in taken:
                     if updates is not None:

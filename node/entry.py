@@ -8,6 +8,7 @@ import sys
 # the top-level modules of the [node] extra (pyproject.toml)
 NODE_EXTRA = frozenset(
     {
+        "click",
         "fastapi",
         "fastapi_offline",
         "httpx",

@@ -24,7 +24,7 @@ PROMETHEUS_TEXT = "text/plain; version=0.0.4"
 async def healthz(node: Node) -> JSONResponse:
     """The process is alive (no Redis check: a Redis blip must not restart every pod), and its
     embedded server, if it runs one, too (it is started again when it exits)."""
-    problem = node.embedded_problem
+    problem = node.embedded.problem
     body = Health(status="ok" if problem is None else "failing", problem=problem)
     status = 200 if problem is None else 503
     return JSONResponse(status_code=status, content=body.model_dump(exclude_none=True))
@@ -44,7 +44,7 @@ async def readyz(node: Node) -> JSONResponse:
     if node.draining:
         problems.append("draining")
     for bus in node.buses:
-        namespace = f"namespace {bus.keys.namespace}"
+        namespace = f"namespace {bus.namespace}"
         problems.extend(f"{namespace}: {problem}" for problem in bus.problems)
         warnings.extend(f"{namespace}: {warning}" for warning in bus.warnings)
     try:

@@ -8,7 +8,6 @@ import asyncio
 import dataclasses
 import time
 from collections.abc import Iterator, Mapping
-from typing import Any
 
 from prometheus_client import (
     GC_COLLECTOR,
@@ -65,18 +64,6 @@ def _counter_families() -> dict[str, tuple[str, list[tuple[str, str, dict[str, s
 _BUS_COUNTERS = _counter_families()
 
 
-# the attribute redis-py's get_connection_count() tells a pool's connections apart by
-_CONNECTION_STATE = "db.client.connection.state"
-
-
-def _pool_counts(bus: CancelBus) -> list[tuple[int, dict[str, Any]]]:
-    """redis-py's count of the bus's command pool, idle and used (none on a cluster, whose
-    client has a pool per shard, nor with a redis-py that does not count)."""
-    pool = getattr(bus.redis, "connection_pool", None)
-    counts = getattr(pool, "get_connection_count", None)
-    return list(counts()) if counts is not None else []
-
-
 class _BusCollector(Collector):
     """Reads the buses' counters at scrape time, one series per namespace (label
     ``bus_namespace``: Prometheus keeps ``namespace`` for the Kubernetes one)."""
@@ -120,8 +107,8 @@ class _BusCollector(Collector):
             for family, (help_text, stats) in _BUS_COUNTERS.items()
         }
         for namespace, bus in self._buses.items():
-            for count, attributes in _pool_counts(bus):
-                connections.add_metric([namespace, str(attributes[_CONNECTION_STATE])], count)
+            for state, count in bus.pool_stats().items():
+                connections.add_metric([namespace, state], count)
             for family, value in zip(
                 families,
                 (len(bus.local_runs()), int(bus.ready), bus.pubsub_reconnects, len(bus.warnings)),

@@ -1,19 +1,15 @@
-"""One node at run time: its Redis (given or embedded), its bus, the runs it started, its drain."""
+"""One node at run time: its buses (one per namespace), the runs it started, its drain."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import fcntl
 import heapq
 import itertools
-import json
 import logging
-import os
 import time
 from collections.abc import Coroutine
-from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from cancel_bus import (
     CancelBus,
@@ -30,20 +26,14 @@ from cancel_bus import (
 )
 
 from .agent import record_cancellation, run_agent
-from .embedded import EmbeddedServer, ServerError, valkey_binary
 from .metrics import Metrics
 from .queries import FINISHED, WINDOW, RunQuery, recency
 from .schemas import CancelBody, NodeView, SelectorCancel, StartRun
-from .settings import ENV_PREFIX, Settings
+from .settings import Settings
 from .sse import Streams
+from .supervisor import EmbeddedSupervisor
 
 log = logging.getLogger("cancel_bus.node")
-
-EMBEDDED_CHECK_SECONDS = 1.0  # how often the node looks whether its embedded server still runs
-
-
-class DataDirBusy(RuntimeError):
-    """Another node runs the embedded server of this data dir."""
 
 
 class NodeService:
@@ -56,9 +46,7 @@ class NodeService:
         self.streams = Streams(
             self.metrics.open_streams, self.metrics.streams_dropped, settings.sse_send_timeout
         )
-        self.embedded: EmbeddedServer | None = None
-        self.embedded_problem: str | None = None  # why the embedded server is not serving
-        self._embedded_lock: IO[str] | None = None
+        self.embedded = EmbeddedSupervisor(settings)
         self._buses: dict[str, CancelBus] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._runs: set[asyncio.Task[None]] = set()  # the agents this node runs
@@ -91,30 +79,10 @@ class NodeService:
             buses = list(self._buses.values())
             self._buses.clear()
             await asyncio.gather(*(bus.close() for bus in buses), return_exceptions=True)
-            self._stop_embedded()
+            self.embedded.stop()
             raise
-        if self.embedded is not None:
-            self._keep(self._watch_embedded(self.embedded))
-
-    async def _watch_embedded(self, server: EmbeddedServer) -> None:
-        """The embedded server is this node's child: if it exits, it is started again (with the
-        data of its last snapshot; the buses re-register and re-assert their runs), and until it
-        is back :attr:`embedded_problem` says why (``/healthz`` fails)."""
-        while True:
-            await asyncio.sleep(EMBEDDED_CHECK_SECONDS)
-            code = server.exit_code()
-            if code is None:
-                continue
-            self.embedded_problem = f"the embedded server exited (code {code})"
-            log.error("%s; its log: %s. Starting it again", self.embedded_problem, server.log_path)
-            try:
-                await asyncio.to_thread(server.start)
-            except ServerError as exc:
-                self.embedded_problem = f"the embedded server did not start again: {exc}"
-                log.error("%s", self.embedded_problem)
-                continue
-            self.embedded_problem = None
-            log.warning("the embedded server is back at %s", server.url)
+        if self.embedded.server is not None:
+            self._keep(self.embedded.watch())
 
     def _keep(self, job: Coroutine[Any, Any, None]) -> None:
         """Run ``job`` until the node stops."""
@@ -124,7 +92,7 @@ class NodeService:
 
     async def _join(self) -> None:
         s = self.settings
-        url = s.redis_connection_url() or self._start_embedded()
+        url = s.redis_connection_url() or self.embedded.start()
         for namespace in dict.fromkeys([s.namespace, *s.app_namespaces.values()]):
             self._buses[namespace] = bus = CancelBus(
                 url,
@@ -189,15 +157,7 @@ class NodeService:
         for task in list(self._tasks | self._runs):
             task.cancel()
         await asyncio.gather(*self._tasks, *self._runs, return_exceptions=True)
-        self._stop_embedded()
-
-    def _stop_embedded(self) -> None:
-        if self.embedded is not None:
-            self.embedded.stop()
-            self.embedded = None
-        if self._embedded_lock is not None:
-            self._embedded_lock.close()
-            self._embedded_lock = None
+        self.embedded.stop()
 
     async def find_run(self, run_id: str) -> tuple[CancelBus, RunInfo] | None:
         """The run and the bus of its namespace (a run id is looked up in every one)."""
@@ -290,7 +250,7 @@ class NodeService:
             wait=body.wait,
             timeout=body.timeout,
         )
-        self.metrics.observe_cancel(bus.keys.namespace, result)
+        self.metrics.observe_cancel(bus.namespace, result)
         return result
 
     async def cancel_session(
@@ -305,7 +265,7 @@ class NodeService:
             wait=body.wait,
             timeout=body.timeout,
         )
-        self.metrics.observe_cancel(bus.keys.namespace, result)
+        self.metrics.observe_cancel(bus.namespace, result)
         return result
 
     async def cancel_where(self, body: SelectorCancel, requested_by: str) -> list[SelectorResult]:
@@ -336,7 +296,7 @@ class NodeService:
                 timeout=body.timeout,
             )
             for cancelled in result.results:
-                self.metrics.observe_cancel(bus.keys.namespace, cancelled)
+                self.metrics.observe_cancel(bus.namespace, cancelled)
             return result
 
         return list(await asyncio.gather(*(select(bus) for bus in buses)))
@@ -382,7 +342,7 @@ class NodeService:
             ) as run:
                 handle = run
                 registered.set_result(run)
-                self.metrics.runs_started.labels(bus.keys.namespace).inc()
+                self.metrics.runs_started.labels(bus.namespace).inc()
                 try:
                     await run_agent(run, body.agent)
                 except (RunCancelled, asyncio.CancelledError):
@@ -404,71 +364,4 @@ class NodeService:
         with contextlib.suppress(CancelBusError):
             final = await bus.get_run(run_id)
             if final is not None and not final.is_active:
-                self.metrics.observe_finished(bus.keys.namespace, final)
-
-    def claim_data_dir(self) -> None:
-        """Take the embedded server's data dir (one node per data dir): raises
-        :class:`DataDirBusy` naming the node that has it and the URL to join it with."""
-        if self._embedded_lock is not None:
-            return
-        data_dir = self._data_dir()
-        try:
-            data_dir.mkdir(parents=True, exist_ok=True)
-            lock = (data_dir / "lock").open("a+")
-        except OSError as exc:
-            raise ServerError(
-                f"the embedded server's data dir {data_dir} cannot be used: {exc.strerror or exc} "
-                f"(set {ENV_PREFIX}DATA_DIR to a writable directory, or {ENV_PREFIX}REDIS_URL)"
-            ) from None
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            lock.seek(0)
-            text = lock.read()
-            lock.close()
-            raise DataDirBusy(_busy_message(data_dir, text)) from None
-        self._embedded_lock = lock
-
-    def _data_dir(self) -> Path:
-        return self.settings.state_dir() / "redis"
-
-    def _start_embedded(self) -> str:
-        """No Redis URL: run a real server (valkey from PyPI or a local redis-server) whose data
-        lives in the user's state dir; one node per data dir. The lock file says who runs it."""
-        self.claim_data_dir()
-        assert self._embedded_lock is not None
-        data_dir = self._data_dir()
-        self.embedded = EmbeddedServer(data_dir=data_dir, binary=valkey_binary()).start()
-        host = f"[{self.settings.host}]" if ":" in self.settings.host else self.settings.host
-        holder = {
-            "pid": os.getpid(),
-            "redis_url": self.embedded.url,
-            "dashboard": f"http://{host}:{self.settings.port}/",
-        }
-        self._embedded_lock.truncate(0)
-        self._embedded_lock.write(json.dumps(holder))
-        self._embedded_lock.flush()
-        log.warning(
-            "no CANCEL_BUS_REDIS_URL: started an embedded server at %s (data in %s)",
-            self.embedded.url,
-            data_dir,
-        )
-        return self.embedded.url
-
-
-def _busy_message(data_dir: Path, lock_text: str) -> str:
-    """Who holds the data dir (as its lock file says) and how to join it."""
-    try:
-        holder = json.loads(lock_text)
-        who = f"node (pid {holder['pid']}, dashboard {holder['dashboard']})"
-        url = holder["redis_url"]
-    except (ValueError, KeyError, TypeError):  # it is still starting
-        return (
-            f"another node is starting an embedded server in {data_dir}; give this one "
-            "CANCEL_BUS_REDIS_URL (its server's URL) or its own CANCEL_BUS_DATA_DIR"
-        )
-    return (
-        f"another {who} runs the embedded server of {data_dir}: to join its cluster, start "
-        f"this one with CANCEL_BUS_REDIS_URL={url} and another --port (or give it its own "
-        "CANCEL_BUS_DATA_DIR)"
-    )
+                self.metrics.observe_finished(bus.namespace, final)

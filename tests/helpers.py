@@ -144,3 +144,13 @@ async def eventually(
         while not (found := await check()):
             await asyncio.sleep(interval)
         return found
+
+
+def redis_of(bus: CancelBus) -> Client:
+    """The bus's command client: for tests that look at (or break) what it stores."""
+    return bus._node.topology.client
+
+
+def keys_of(bus: CancelBus) -> KeySpace:
+    """The key names of the bus's namespace."""
+    return bus._keys

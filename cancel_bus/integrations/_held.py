@@ -57,9 +57,10 @@ class HeldCancels:
 
     def __init__(self, bus: CancelBus) -> None:
         self._bus = bus
-        self._prefix = f"{bus.keys.prefix}held:"
-        self._claim = bus.redis.register_script(_CLAIM)
-        self._withdraw = bus.redis.register_script(_WITHDRAW)
+        self._redis, prefix = bus._adapter_store()
+        self._prefix = f"{prefix}held:"
+        self._claim = self._redis.register_script(_CLAIM)
+        self._withdraw = self._redis.register_script(_WITHDRAW)
 
     def key(self, session: tuple[str, str, str]) -> str:
         """The hold of a session key (its parts are valid bus ids: no separator inside)."""
@@ -82,7 +83,7 @@ class HeldCancels:
         hold_id = uuid.uuid4().hex
         hold = {"id": hold_id, "at": f"{bus.clock():.6f}", "mode": mode.value, "reason": reason}
         key = self.key(session)
-        await bus.redis.set(key, json.dumps(hold), px=int((grace + 1) * 1000))
+        await self._redis.set(key, json.dumps(hold), px=int((grace + 1) * 1000))
         # a run that registered between the first look and the hold did not see it
         result = await bus.cancel_session(*session, mode=mode, reason=reason, wait=False)
         if result.outcome is not Outcome.NOT_FOUND:
@@ -114,7 +115,7 @@ class HeldCancels:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + grace
         while loop.time() < deadline:
-            raw = await self._bus.redis.get(key)
+            raw = await self._redis.get(key)
             hold = json.loads(raw) if raw is not None else None
             if hold is None or hold["id"] != hold_id:
                 return None  # expired, or replaced by a later cancel of the session

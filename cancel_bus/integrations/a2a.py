@@ -142,10 +142,10 @@ class BusTaskStore(TaskStore):
     reached a terminal state keeps it: a save that would move it elsewhere is ignored."""
 
     def __init__(self, bus: CancelBus, *, ttl: float = 86400.0) -> None:
-        self._redis = bus.redis
-        self._prefix = f"{bus.keys.prefix}a2a:task:"
+        self._redis, prefix = bus._adapter_store()
+        self._prefix = f"{prefix}a2a:task:"
         self._ttl_ms = int(ttl * 1000)
-        self._save = bus.redis.register_script(_SAVE)
+        self._save = self._redis.register_script(_SAVE)
 
     async def save(self, task: Task, context: ServerCallContext | None = None) -> None:
         args = [task.status.state.value, task.model_dump_json(), self._ttl_ms]

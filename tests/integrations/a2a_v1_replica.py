@@ -115,7 +115,7 @@ def a2a_service(
 async def serve(bus: CancelBus, url: str) -> AsyncIterator[Starlette]:
     trpc_agent.install(bus)
     agent = StreamingAgent(name="streamer")
-    database = Path(tempfile.gettempdir()) / f"cancel-bus-{bus.keys.namespace}.db"
+    database = Path(tempfile.gettempdir()) / f"cancel-bus-{bus.namespace}.db"
     engine = create_async_engine(f"sqlite+aiosqlite:///{database}")
     store = VersionedDatabaseTaskStore(engine)
     events = DatabaseTaskEventStream(engine, poll_interval_s=0.05)

@@ -19,7 +19,7 @@ from cancel_bus import (
 )
 
 from ..conftest import BusFactory
-from ..helpers import WAIT, GatedRun, LoopingRun, eventually
+from ..helpers import WAIT, GatedRun, LoopingRun, eventually, keys_of, redis_of
 
 
 async def test_cancel_from_another_node_stops_run_at_checkpoint(make_bus: BusFactory) -> None:
@@ -431,7 +431,7 @@ async def _stopping(bus: CancelBus, run_id: str) -> bool:
 
 async def _waiting_nodes(bus: CancelBus, run_id: str, count: int) -> bool:
     """``count`` nodes are recorded as waiting for the run."""
-    return int(await bus.redis.scard(bus.keys.waiters(run_id))) >= count  # type: ignore[misc]
+    return int(await redis_of(bus).scard(keys_of(bus).waiters(run_id))) >= count  # type: ignore[misc]
 
 
 async def test_cancel_callbacks_fire_on_delivery_and_escalation(make_bus: BusFactory) -> None:

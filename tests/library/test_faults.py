@@ -16,7 +16,7 @@ from node.embedded import EmbeddedServer
 
 from ..conftest import BusFactory
 from ..faultproxy import FaultProxy
-from ..helpers import WAIT, GatedRun, LoopingRun, crash, eventually
+from ..helpers import WAIT, GatedRun, LoopingRun, crash, eventually, keys_of, redis_of
 
 POOL_SIZE = 64  # connections in a bus's command pool (cancel_bus._redis.connect)
 
@@ -32,8 +32,8 @@ async def test_cancel_published_while_subscriber_is_down_is_delivered_by_sweep(
     await eventually(lambda: _not_connected(a))
     result = await b.cancel(run.run_id, wait=False)
     assert result.outcome is Outcome.STOPPING
-    receivers = await b.redis.pubsub_numsub(b.keys.channel(a.node_id))
-    assert receivers == [(b.keys.channel(a.node_id), 0)]  # nobody heard the publish
+    receivers = await redis_of(b).pubsub_numsub(keys_of(b).channel(a.node_id))
+    assert receivers == [(keys_of(b).channel(a.node_id), 0)]  # nobody heard the publish
 
     proxy.heal()
     await run.done()  # delivered after the reconnect, by the sweep
@@ -82,7 +82,7 @@ async def test_periodic_sweep_delivers_a_cancel_whose_message_was_lost(
     a = await make_bus(sweep_interval=0.2)
     run = await LoopingRun(a).start()
     # Record a cancel the way the script does, but publish nothing: a message lost in flight.
-    key = a.keys.run(run.run_id)
+    key = keys_of(a).run(run.run_id)
     await raw_redis.hset(
         key,
         mapping={
@@ -91,7 +91,7 @@ async def test_periodic_sweep_delivers_a_cancel_whose_message_was_lost(
             "cancel_reason": "lost",
         },
     )
-    await raw_redis.hset(a.keys.node_pending(a.node_id), run.run_id, "checkpoint")
+    await raw_redis.hset(keys_of(a).node_pending(a.node_id), run.run_id, "checkpoint")
     await run.done()
     assert a.stats.cancels_recovered_by_sweep == 1
     final = await a.get_run(run.run_id)
@@ -144,7 +144,7 @@ async def test_cancel_of_a_run_whose_owner_lease_expired_answers_owner_lost_at_o
     b = await make_bus(lease_ttl=60)
     run = await LoopingRun(a).start()
     await crash(a, proxy)
-    await raw_redis.zadd(a.keys.nodes, {a.node_id: time.time() - 1})  # the lease runs out
+    await raw_redis.zadd(keys_of(a).nodes, {a.node_id: time.time() - 1})  # the lease runs out
     result = await b.cancel(run.run_id, timeout=WAIT)
     assert result.outcome is Outcome.OWNER_LOST
     assert result.run is not None and result.run.status is RunStatus.CANCELLED
@@ -192,7 +192,7 @@ async def test_a_busy_pool_does_not_cost_the_node_its_lease(
     a, b = await make_bus(lease_ttl=0.9), await make_bus()
     run = await LoopingRun(a).start()
     key = f"test:{a.node_id}:blocker"
-    blockers = [asyncio.create_task(a.redis.blpop([key], timeout=4)) for _ in range(POOL_SIZE)]
+    blockers = [asyncio.create_task(redis_of(a).blpop([key], timeout=4)) for _ in range(POOL_SIZE)]
     await eventually(lambda: _blocked_clients(raw_redis, POOL_SIZE - 1))  # 1: the subscriber
     exhausted_at = _seconds(await raw_redis.time())
 

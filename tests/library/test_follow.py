@@ -9,7 +9,7 @@ import pytest
 from cancel_bus import RunEvent, RunNotFound
 
 from ..conftest import BusFactory
-from ..helpers import WAIT, LoopingRun
+from ..helpers import WAIT, LoopingRun, redis_of
 
 
 async def test_follow_from_another_node_sees_output_then_the_end(make_bus: BusFactory) -> None:
@@ -64,7 +64,7 @@ async def test_follow_a_finished_run_yields_its_end(make_bus: BusFactory) -> Non
 
 async def _until_following(bus: object, run_id: str) -> None:
     """Until a client blocks on the run's relay stream (XREAD BLOCK shows in CLIENT LIST)."""
-    redis = bus.redis  # type: ignore[attr-defined]
+    redis = redis_of(bus)  # type: ignore[attr-defined]
     async with asyncio.timeout(WAIT):
         while True:
             clients = await redis.client_list()

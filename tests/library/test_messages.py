@@ -18,7 +18,7 @@ from cancel_bus._messages import (
 )
 
 from ..conftest import BusFactory
-from ..helpers import WAIT, LoopingRun, eventually
+from ..helpers import WAIT, LoopingRun, eventually, keys_of
 
 
 class FakeClock:
@@ -112,7 +112,7 @@ async def test_forged_publish_cannot_cancel_a_signed_bus(
     a = await make_bus(signing_key="k" * 32)
     b = await make_bus(signing_key="k" * 32)
     run = await LoopingRun(a).start()
-    channel = a.keys.channel(a.node_id)
+    channel = keys_of(a).channel(a.node_id)
     forged = {
         "k": "cancel",
         "r": run.run_id,
@@ -145,7 +145,7 @@ async def test_unsigned_bus_ignores_garbage_and_still_works(
 ) -> None:
     a, b = await make_bus(), await make_bus()
     run = await LoopingRun(a).start()
-    await raw_redis.publish(a.keys.channel(a.node_id), "\x00garbage")
+    await raw_redis.publish(keys_of(a).channel(a.node_id), "\x00garbage")
     result = await b.cancel(run.run_id, timeout=WAIT)
     assert result.outcome is Outcome.CANCELLED and a.stats.messages_rejected == 1
     assert a.stats.messages_malformed == 1

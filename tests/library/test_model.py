@@ -27,7 +27,7 @@ from cancel_bus import CancelBus, CancelMode, Outcome, RunCancelled, RunHandle, 
 from node.embedded import EmbeddedServer
 
 from ..faultproxy import FaultProxy
-from ..helpers import WAIT, crash
+from ..helpers import WAIT, crash, keys_of, redis_of
 
 STRENGTH = {CancelMode.AFTER_TURN: 0, CancelMode.CHECKPOINT: 1, CancelMode.IMMEDIATE: 2}
 SERVERS: list[EmbeddedServer] = []  # the state machine is built by hypothesis, not by pytest
@@ -228,9 +228,9 @@ class BusModel(RuleBasedStateMachine):
     @rule(data=st.data())
     def expire(self, data: st.DataObject) -> None:
         node = data.draw(st.sampled_from([n for n in self.nodes if not n.alive and not n.expired]))
-        keys = node.bus.keys
+        keys = keys_of(node.bus)
         live = self._live()[0].bus
-        self._do(live.redis.zadd(keys.nodes, {node.bus.node_id: time.time() - 1}))
+        self._do(redis_of(live).zadd(keys.nodes, {node.bus.node_id: time.time() - 1}))
         node.expired = True
 
     @precondition(lambda self: bool(self._live()))

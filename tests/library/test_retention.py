@@ -9,11 +9,11 @@ import redis.asyncio as aioredis
 from cancel_bus import CancelBus, RunStatus
 
 from ..conftest import BusFactory
-from ..helpers import LoopingRun, eventually
+from ..helpers import LoopingRun, eventually, keys_of
 
 
 async def _namespace_keys(redis: aioredis.Redis, bus: CancelBus) -> set[str]:
-    return {key async for key in redis.scan_iter(match=f"{bus.keys.prefix}*", count=1000)}
+    return {key async for key in redis.scan_iter(match=f"{keys_of(bus).prefix}*", count=1000)}
 
 
 async def test_finished_runs_and_their_events_expire(
@@ -22,7 +22,7 @@ async def test_finished_runs_and_their_events_expire(
     retention = 3.0  # long enough for the steps below on a slow machine
     a = await make_bus(retention=retention)
     b = await make_bus(retention=retention)
-    k = a.keys
+    k = keys_of(a)
     baseline = await _namespace_keys(raw_redis, a)
 
     async with a.run(app_name="app", user_id="u", session_id="s", relay=True) as run:
@@ -60,7 +60,7 @@ async def test_departed_nodes_are_forgotten(
 ) -> None:
     a = await make_bus(retention=1.0)
     b = await make_bus(retention=1.0)
-    node_key = a.keys.node(a.node_id)
+    node_key = keys_of(a).node(a.node_id)
     await a.close()
     assert a.node_id not in {n.node_id for n in await b.list_nodes()}
     assert await raw_redis.hget(node_key, "state") == "left"
@@ -74,10 +74,10 @@ async def test_the_finished_index_is_pruned_even_when_nothing_finishes(
 ) -> None:
     a = await make_bus(retention=60, lease_ttl=1)
     stale = {f"gone-{i}": 1000.0 + i for i in range(18_000)}  # ended long ago, records expired
-    await raw_redis.zadd(a.keys.finished, stale)
-    await raw_redis.zadd(a.keys.finished, {"recent": (await raw_redis.time())[0]})
+    await raw_redis.zadd(keys_of(a).finished, stale)
+    await raw_redis.zadd(keys_of(a).finished, {"recent": (await raw_redis.time())[0]})
 
     async def pruned() -> bool:
-        return await raw_redis.zcard(a.keys.finished) == 1  # at the next heartbeat's reaping
+        return await raw_redis.zcard(keys_of(a).finished) == 1  # at the next heartbeat's reaping
 
     await eventually(pruned, timeout=5)

@@ -21,7 +21,7 @@ from cancel_bus._messages import SEAL_FIELDS, Field, MessageKind, MessageSigner
 from node.embedded import EmbeddedServer, free_port
 
 from ..conftest import BusFactory
-from ..helpers import WAIT, LoopingRun, eventually
+from ..helpers import WAIT, LoopingRun, eventually, keys_of, redis_of
 
 KEY = "signing-key-" + "k" * 20
 
@@ -37,12 +37,12 @@ async def _capture(pubsub: aioredis.client.PubSub) -> str:
 async def _listen(redis: aioredis.Redis, bus: CancelBus) -> aioredis.client.PubSub:
     """An eavesdropper on the bus node's channel."""
     pubsub = redis.pubsub()
-    await pubsub.subscribe(bus.keys.channel(bus.node_id))
+    await pubsub.subscribe(keys_of(bus).channel(bus.node_id))
     return pubsub
 
 
 async def _publish_to(redis: aioredis.Redis, bus: CancelBus, body: dict[str, object]) -> None:
-    await redis.publish(bus.keys.channel(bus.node_id), json.dumps(body))
+    await redis.publish(keys_of(bus).channel(bus.node_id), json.dumps(body))
 
 
 async def test_a_captured_cancel_is_useless_replayed_re_aimed_or_elsewhere(
@@ -191,7 +191,7 @@ async def test_a_stale_signed_cancel_is_dropped(
 ) -> None:
     a = await make_bus(signing_key=KEY)
     run = await LoopingRun(a).start()
-    old_clock = MessageSigner(a.keys.namespace, [KEY.encode()], lambda: a.clock() - 120)
+    old_clock = MessageSigner(keys_of(a).namespace, [KEY.encode()], lambda: a.clock() - 120)
     message = {
         "k": "cancel",
         "r": run.run_id,
@@ -202,7 +202,7 @@ async def test_a_stale_signed_cancel_is_dropped(
         "to": a.node_id,
         "ep": a.epoch,
     }
-    await raw_redis.publish(a.keys.channel(a.node_id), old_clock.seal(message))
+    await raw_redis.publish(keys_of(a).channel(a.node_id), old_clock.seal(message))
     await eventually(lambda: _rejected(a, 1))
     assert a.stats.messages_stale == 1
     assert run.handle is not None and run.handle.cancel_requested is None
@@ -343,7 +343,7 @@ async def test_tls_to_redis(
     await run.done()
     final = await a.get_run(run.run_id)
     assert final is not None and final.status is RunStatus.CANCELLED
-    clients = await a.redis.client_list()
+    clients = await redis_of(a).client_list()
     assert clients and all(c.get("flags") is not None for c in clients)
     untrusted = CancelBus(f"rediss://127.0.0.1:{tls_server[1]}/0", namespace="x", lease_ttl=1)
     with pytest.raises(BusUnavailable):  # a server certificate nobody vouches for

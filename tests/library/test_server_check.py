@@ -19,7 +19,7 @@ from cancel_bus._server import ServerCheck
 from cancel_bus._types import BusStats
 from node.embedded import EmbeddedServer
 
-from ..helpers import WAIT, eventually
+from ..helpers import WAIT, eventually, keys_of
 
 
 @pytest.fixture
@@ -38,7 +38,7 @@ async def test_an_evicting_policy_is_refused_unless_accepted(
     bus = CancelBus(own_server.url, namespace=namespace, lease_ttl=1)
     with pytest.raises(BusMisconfigured, match="maxmemory-policy is allkeys-lru: it would evict"):
         await bus.start()
-    assert await admin.zcard(bus.keys.nodes) == 0  # the refused start left no node behind
+    assert await admin.zcard(keys_of(bus).nodes) == 0  # the refused start left no node behind
     async with CancelBus(
         own_server.url, namespace=namespace, lease_ttl=1, accept_eviction=True
     ) as accepted:

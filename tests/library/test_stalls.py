@@ -18,7 +18,7 @@ from node.embedded import EmbeddedServer
 
 from ..conftest import BusFactory
 from ..faultproxy import FaultProxy
-from ..helpers import WAIT, LoopingRun, eventually
+from ..helpers import WAIT, LoopingRun, eventually, keys_of, redis_of
 
 LEASE = 3.0
 RIDE_OUT = 0.65  # of a lease: a stall this long loses nothing (the bound is 0.75, DESIGN §9)
@@ -168,7 +168,7 @@ async def test_a_busy_then_quiet_channel_keeps_its_subscriber(
     make_bus: BusFactory, raw_redis: aioredis.Redis
 ) -> None:
     a = await make_bus(lease_ttl=0.9)  # the subscriber pings every 0.3 s
-    channel = a.keys.channel(a.node_id)
+    channel = keys_of(a).channel(a.node_id)
     for _ in range(12):  # a message every 0.1 s for four ping intervals...
         await raw_redis.publish(channel, "noise")
         await asyncio.sleep(0.1)
@@ -183,7 +183,7 @@ async def test_a_burst_of_ends_is_written_without_starving_the_owner(
     runs = 2000
     a = await make_bus(lease_ttl=1.5)
     await make_bus(lease_ttl=1.5)  # a live reaper: the owner's lease runs on its beats too
-    a.redis.connection_pool.timeout = 0.2  # type: ignore[union-attr]  # waiting longer fails
+    redis_of(a).connection_pool.timeout = 0.2  # type: ignore[union-attr]  # waiting longer fails
     gate = asyncio.Event()
 
     async def one() -> None:
@@ -195,7 +195,7 @@ async def test_a_burst_of_ends_is_written_without_starving_the_owner(
     gate.set()  # every run ends in the same event-loop turn
     await asyncio.wait_for(asyncio.gather(*tasks), 60)
     assert a.stats.finishes_deferred == 0 and a.stats.leases_lost == 0
-    keys = a.keys
+    keys = keys_of(a)
     assert await raw_redis.zcard(keys.finished) == runs and await raw_redis.zcard(keys.active) == 0
     for status in (RunStatus.FAILED, RunStatus.CANCELLED):
         assert await a.list_runs(status=status) == []

@@ -15,7 +15,7 @@ import redis
 from cancel_bus import CancelBus, Outcome, RunStatus
 from cancel_bus._keys import KeySpace
 
-from ..helpers import WAIT, LoopingRun, eventually
+from ..helpers import WAIT, LoopingRun, eventually, keys_of
 from ..topology import Cluster, SentinelGroup, needs_sharded_pubsub
 from . import test_cancel
 
@@ -115,7 +115,7 @@ async def test_node_channels_are_sharded(
     redis_cluster: Cluster, on_cluster: Callable[..., Awaitable[CancelBus]]
 ) -> None:
     a = await on_cluster()
-    channel = a.keys.channel(a.node_id)
+    channel = keys_of(a).channel(a.node_id)
     owner = redis_cluster.client(redis_cluster.owner(channel))
     assert channel in owner.execute_command("PUBSUB", "SHARDCHANNELS")
     for server in redis_cluster.primaries:
@@ -127,7 +127,7 @@ async def test_slot_migration_mid_run(
 ) -> None:
     a, b = await on_cluster(), await on_cluster()
     run = await LoopingRun(a, app_name="app", user_id="u", session_id="s").start()
-    probe = a.keys.run(run.run_id)
+    probe = keys_of(a).run(run.run_id)
     source = redis_cluster.owner(probe)
     target = next(p for p in redis_cluster.primaries if p is not source)
     await asyncio.to_thread(redis_cluster.move_slot, probe, target)
@@ -135,7 +135,7 @@ async def test_slot_migration_mid_run(
     result = await b.cancel_session("app", "u", "s", timeout=WAIT)
     assert result.outcome is Outcome.CANCELLED
     await run.done()
-    assert redis_cluster.owner(a.keys.channel(a.node_id)) is target
+    assert redis_cluster.owner(keys_of(a).channel(a.node_id)) is target
     await eventually(lambda: _listening_on(redis_cluster, a))  # resubscribed on the new owner
     second = await LoopingRun(a).start()
     assert (await b.cancel(second.run_id, timeout=WAIT)).outcome is Outcome.CANCELLED
@@ -147,7 +147,7 @@ async def test_shard_failover_mid_run(
 ) -> None:
     a, b = await on_cluster(), await on_cluster()
     run = await LoopingRun(a).start()
-    primary = redis_cluster.owner(a.keys.run(run.run_id))
+    primary = redis_cluster.owner(keys_of(a).run(run.run_id))
     t0 = time.monotonic()
     await asyncio.to_thread(redis_cluster.fail_over, primary)
     result = await _cancel_until_answered(b, run.run_id)
@@ -165,7 +165,7 @@ async def test_namespaces_on_different_shards_serve_side_by_side(
     for namespace in namespaces:
         a, b = await on_cluster(namespace=namespace), await on_cluster(namespace=namespace)
         run = await LoopingRun(a).start()
-        owners.add(redis_cluster.owner(a.keys.run(run.run_id)).port)
+        owners.add(redis_cluster.owner(keys_of(a).run(run.run_id)).port)
         assert (await b.cancel(run.run_id, timeout=WAIT)).outcome is Outcome.CANCELLED
         await run.done()
         assert {n.node_id for n in await b.list_nodes()} == {a.node_id, b.node_id}
@@ -182,7 +182,7 @@ def _namespaces_on_distinct_shards(cluster: Cluster, count: int) -> list[str]:
 
 
 async def _listening_on(cluster: Cluster, bus: CancelBus) -> bool:
-    channel = bus.keys.channel(bus.node_id)
+    channel = keys_of(bus).channel(bus.node_id)
     try:
         owner = cluster.client(cluster.owner(channel))
         return bool(bus.ready) and channel in owner.execute_command("PUBSUB", "SHARDCHANNELS")

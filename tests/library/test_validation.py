@@ -8,6 +8,7 @@ from cancel_bus import CancelBus, InvalidArgument, InvalidId
 from cancel_bus._keys import MAX_ID_LENGTH, KeySpace, validate_id
 
 from ..conftest import BusFactory
+from ..helpers import redis_of
 
 BAD_IDS = [
     "",
@@ -97,7 +98,7 @@ async def test_bad_arguments_on_a_live_bus_leave_redis_untouched(
     make_bus: BusFactory, raw_redis: object
 ) -> None:
     bus = await make_bus()
-    before = await bus.redis.dbsize()
+    before = await redis_of(bus).dbsize()
     calls = [
         bus.cancel("bad id"),
         bus.cancel("r", mode="sometimes"),
@@ -126,7 +127,7 @@ async def test_bad_arguments_on_a_live_bus_leave_redis_untouched(
     ):
         with pytest.raises(InvalidArgument):
             bus.run(**scope_options)  # type: ignore[arg-type]
-    assert await bus.redis.dbsize() == before
+    assert await redis_of(bus).dbsize() == before
 
 
 @pytest.mark.parametrize(

@@ -1,12 +1,14 @@
 """The `cancel-bus` command against real node processes: full ids and unique prefixes, human
 times (ISO with --json), one-line errors with the server's message, --help with descriptions and
-choices, distinct documented exit codes, a live view, and the README's commands."""
+choices, distinct documented exit codes, a live view, a run followed live, and the README's
+commands."""
 
 from __future__ import annotations
 
 import json
 import re
 import shlex
+import signal
 import socket
 import subprocess
 import sys
@@ -14,22 +16,30 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from contextlib import ExitStack
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, ClassVar
+from unittest import mock
 
+import click
 import pytest
 from pydantic import BaseModel, ValidationError, create_model
 
-from node.cli import HTTP_TIMEOUT, Exit, build_parser
+from cancel_bus import RunInfo, RunStatus, acl_rules
+from node.cli import HTTP_TIMEOUT, Exit, main
+from node.cli import cli as group
+from node.cli.client import KEEPALIVE, server_sent
 from node.embedded import EmbeddedServer
 from node.queries import RunQuery
-from node.schemas import CancelBody, SelectorCancel
+from node.schemas import CancelBody, NodeList, NodeView, SelectorCancel
 from node.settings import Settings
+from node.sse import KEEPALIVE_SECONDS
 
 from ..node_cluster import COMMAND, Cluster
 
 README = Path(__file__).parents[2] / "README.md"
+DEPLOY = Path(__file__).parents[2] / "docs" / "deploy.md"
 ISO = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z$")
 EPOCH = re.compile(r"\b1\d{9}\.\d+")  # a raw timestamp
 
@@ -154,7 +164,8 @@ def test_cancel_a_session_without_waiting(cluster: Cluster) -> None:
         cluster.nodes[1].url,
     )
     assert result.returncode == 0, result.stderr
-    assert result.stdout.startswith(f"stopping: run {run['run_id']}: the cancel is recorded")
+    said = f"stopping: run {run['run_id']}: the cancel is recorded; not waited for (--no-wait)\n"
+    assert result.stdout == said  # it did not wait: it says so, and no "within 5 s"
 
 
 def test_cancel_where_shows_the_preview_asks_then_cancels(cluster: Cluster) -> None:
@@ -242,10 +253,11 @@ def test_not_found_names_what_was_not_found(cluster: Cluster) -> None:
     ("args", "code", "says"),
     [
         (["runs", "--url", "foo"], Exit.USAGE, "'foo' is not an http(s) URL"),
-        (["runs", "--status", "bogus"], Exit.USAGE, "invalid choice: 'bogus' (choose from"),
-        (["cancel", "x", "--mode", "soon"], Exit.USAGE, "invalid choice: 'soon'"),
+        (["runs", "--status", "bogus"], Exit.USAGE, "--status: 'bogus' is not one of 'active',"),
+        (["cancel", "x", "--mode", "soon"], Exit.USAGE, "--mode: 'soon' is not one of"),
         (["runs", "--older-than", "soon"], Exit.USAGE, "'soon' is not a duration"),
-        (["runs", "--watch", "-1"], Exit.USAGE, "'-1' is out of range (above 0, at most"),
+        (["runs", "--watch", "0"], Exit.USAGE, "'0' is out of range (above 0, at most"),
+        (["runs", "--watch", "-1"], Exit.USAGE, "No such option '-1'"),
         (["runs", "--url", "http://127.0.0.1:1"], Exit.ERROR, "cannot reach http://127.0.0.1:1"),
         (["runs", "--limit", "5000"], Exit.USAGE, "--limit: '5000' is out of range (1-1000)"),
         (["run", "a b"], Exit.ERROR, "answered HTTP 422: path.run_id: "),
@@ -265,49 +277,76 @@ def test_not_found_names_what_was_not_found(cluster: Cluster) -> None:
         (["serve", "--port", "99999"], Exit.USAGE, "--port: '99999' is out of range (0-65535)"),
         (["serve", "--port", "nan"], Exit.USAGE, "--port: 'nan' is not a whole number"),
         (["demo", "--nodes", "1"], Exit.USAGE, "at least 2 nodes"),
+        (["demo", "--nodes", "two"], Exit.USAGE, "--nodes: 'two' is not a whole number"),
         (["cancel-where", "--meta", "tier"], Exit.USAGE, "'tier' is not KEY=VALUE"),
         (["cancel-where", "--meta", "n:=[1]"], Exit.USAGE, "KEY:= takes a number"),
         (["cancel-where", "--started-before", "soon"], Exit.USAGE, "'soon' is not a time"),
         (["cancel-where", "--ttl", "1m", "--until", "12:00"], Exit.USAGE, "not allowed with"),
         (["cancel-where", "--app", "a", "--json"], Exit.USAGE, "--json needs --yes or --dry-run"),
-        (["cancel-where", "--dry-run"], Exit.ERROR, "HTTP 422: body: Value error, a selector"),
+        (["cancel-where", "--dry-run"], Exit.USAGE, "give at least one of --app, --user,"),
+        (["cancel-where", "--yes"], Exit.USAGE, "give at least one of --app, --user,"),
+        (["cancel-where", "--app", "a b", "--yes"], Exit.USAGE, "--app: String should match"),
+        (["cancel-where", "--app", "a", "--reason", "x" * 1001], Exit.USAGE, "--reason: String"),
+        (["cancel", "x", "--reason", "x" * 1001], Exit.USAGE, "--reason: String should have at"),
+        (["runs", "--session", "a b"], Exit.USAGE, "--session: String should match pattern"),
         (["tombstones", "rm"], Exit.USAGE, "tombstones rm needs a TOMBSTONE_ID"),
-        (["tombstones", "drop"], Exit.USAGE, "invalid choice: 'drop'"),
+        (["tombstones", "drop"], Exit.USAGE, "'drop': tombstones takes nothing (a list), or rm"),
+        (["tombstones", "rm", ""], Exit.USAGE, "an empty id"),
+        (["run", ""], Exit.USAGE, "RUN_ID: an empty id"),  # not the list's 307
+        (["follow", ""], Exit.USAGE, "RUN_ID: an empty id"),
+        (["cancel", ""], Exit.USAGE, "RUN_ID: an empty id"),
+        (["cancel", "--session", "app", "", "s"], Exit.USAGE, "--session: an empty id"),
+        (["cancel"], Exit.USAGE, "give a RUN_ID or --session APP USER SESSION"),
+        (["cancel", "x", "--session", "a", "u", "s"], Exit.USAGE, "give a RUN_ID or --session"),
+        (["runs", "--wat"], Exit.USAGE, "No such option '--wat'"),  # never --watch: no loop
+        (["runs", "--lim", "5"], Exit.USAGE, "No such option '--lim'"),
+        (["cancel", "x", "--no-w"], Exit.USAGE, "No such option '--no-w'"),
+        (["--url", "http://127.0.0.1:1", "serve"], Exit.USAGE, "--url is for the commands that"),
+        (["--json", "acl-rules", "x"], Exit.USAGE, "--json is for the commands that ask a node"),
+        (["acl-rules", "x", "--name", "a b"], Exit.USAGE, "--name: 'a b' is not a user name"),
+        (["stop"], Exit.USAGE, "No such command 'stop'"),
+        ([], Exit.USAGE, "Missing command"),
     ],
 )
 def test_errors_are_one_line_with_a_distinct_exit_code(
     cluster: Cluster, args: list[str], code: Exit, says: str
 ) -> None:
-    local = "--url" in args or args[0] in ("demo", "serve")
+    local = "--url" in args or not args or args[0] in ("demo", "serve", "acl-rules", "stop")
     url = [] if local else ["--url", cluster.nodes[0].url]
     result = cli(*args, *url, COLUMNS="60")  # a narrow terminal: still one line
     assert result.returncode == code, result
     assert says in _one_line(result)
 
 
-def test_help_describes_every_option_and_its_choices() -> None:
-    top = cli("--help").stdout
-    commands = ("serve", "demo", "runs", "run", "cancel", "cancel-where", "tombstones", "nodes")
-    for command in (*commands, "acl-rules"):
-        assert re.search(rf"^    {command}\s+\S", top, re.M), command  # each with its help
-    runs = cli("runs", "--help").stdout
-    assert "{active,finished,all,queued,running,waiting,succeeded,failed,cancelled}" in runs
-    cancel = cli("cancel", "--help").stdout
-    assert "{after_turn,checkpoint,immediate}" in cancel
-    parser = build_parser()
-    subparsers = parser._subparsers._group_actions[0].choices  # type: ignore[union-attr]
-    for name, sub in subparsers.items():
-        for action in sub._actions:
-            assert action.help, f"cancel-bus {name} {action.option_strings or action.dest}"
+def test_help_describes_every_option_and_its_choices(capsys: pytest.CaptureFixture[str]) -> None:
+    def shown(*args: str) -> str:
+        assert main([*args, "--help"]) == Exit.OK
+        return capsys.readouterr().out
+
+    top = cli("--help").stdout  # as installed
+    commands = ("serve", "demo", "runs", "run", "follow", "cancel", "cancel-where", "tombstones")
+    for command in (*commands, "nodes", "acl-rules"):
+        assert re.search(rf"^  {command}\s+\S", top, re.M), command  # each with its help
+    runs = shown("runs")
+    assert "[active|finished|all|queued|running|waiting|succeeded|failed|cancelled]" in runs
+    assert "[after_turn|checkpoint|immediate]" in shown("cancel")
+    for name, command in group.commands.items():
+        text = " ".join(shown(name).split())
+        for param in command.params:
+            if isinstance(param, click.Option):
+                assert param.help, f"cancel-bus {name} {param.opts}"
+            else:  # an argument: named in the usage line and the description
+                metavar = (param.metavar or "").strip("[]. ").split()[0]
+                assert text.count(metavar) >= 2, f"cancel-bus {name} {metavar}"
     for code in Exit:
-        assert re.search(rf"^  {code.value}  \S", top, re.M), code  # documented in --help
+        assert re.search(rf"^    {code.value} +\S", top, re.M), code  # documented in --help
 
 
 def test_exit_codes_are_documented_in_the_readme() -> None:
     readme = README.read_text()
     paragraph = re.search(r"^Exit codes of `cancel-bus`: (.*?)\n\n", readme, re.M | re.S)
     assert paragraph, "the README lost its exit codes"
-    documented = {int(code) for code in re.findall(r"(?<![\w.,])(\d) ", paragraph.group(1))}
+    documented = {int(code) for code in re.findall(r"(?<![\w.,])(\d+)\s", paragraph.group(1))}
     assert documented == {code.value for code in Exit}
 
 
@@ -315,9 +354,8 @@ def test_the_readme_commands_parse_and_the_command_is_where_it_says() -> None:
     readme = README.read_text()
     commands = re.findall(r"^\$ (?:\.venv/bin/)?cancel-bus (.*?)(?:\s+#.*)?$", readme, re.M)
     assert len(commands) >= 8, commands
-    parser = build_parser()
     for command in commands:
-        parser.parse_args(shlex.split(command))  # exits (code 2) on what it does not know
+        assert parses(*shlex.split(command)) == Exit.OK, command
     assert ".venv/bin/cancel-bus" in readme  # where ./scripts/serve installs it
     installed = Path(sys.executable).parent / "cancel-bus"
     version = subprocess.run([installed, "--version"], capture_output=True, text=True, check=True)
@@ -383,18 +421,13 @@ def test_number_options_refuse_exactly_what_the_node_refuses(
     command: list[str], option: str, model: type[BaseModel], field: str, values: list[float]
 ) -> None:
     """Each bound is the node's own (its model's field), on both sides of it."""
-    parser = build_parser()
     info = model.model_fields[field]
     annotation: Any = info.annotation
     node_side = create_model("NodeSide", value=(annotation, info))
     for value in values:
-        try:
-            parser.parse_args([*command, option, str(value)])
-        except SystemExit as exc:
-            assert exc.code == Exit.USAGE
-            cli_takes = False
-        else:
-            cli_takes = True
+        code = parses(*command, option, str(value))
+        assert code in (Exit.OK, Exit.USAGE)
+        cli_takes = code == Exit.OK
         try:
             node_side.model_validate({"value": value})
         except ValidationError:
@@ -430,10 +463,9 @@ class Stranger(BaseHTTPRequestHandler):
         pass
 
 
-@pytest.fixture(scope="module")
-def stranger() -> Iterator[str]:
+def serving(handler: type[BaseHTTPRequestHandler]) -> Iterator[str]:
     """The URL of a plain HTTP server on a free loopback port, in a thread of this process."""
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Stranger)
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     yield f"http://127.0.0.1:{server.server_address[1]}"
@@ -441,6 +473,11 @@ def stranger() -> Iterator[str]:
     server.server_close()
     thread.join(timeout=10)
     assert not thread.is_alive()
+
+
+@pytest.fixture(scope="module")
+def stranger() -> Iterator[str]:
+    yield from serving(Stranger)
 
 
 @pytest.mark.parametrize(
@@ -491,7 +528,305 @@ def test_a_node_that_never_answers_is_given_up_on_after_the_http_timeout(silent:
 
 
 def test_the_http_timeout_is_short_and_documented() -> None:
-    args = build_parser().parse_args(["runs"])
-    assert args.http_timeout == HTTP_TIMEOUT <= 10
+    for command in group.commands.values():
+        for param in command.params:
+            if param.name == "http_timeout":
+                assert param.default == HTTP_TIMEOUT <= 10
     shown = " ".join(cli("runs", "--help").stdout.split())
     assert re.search(rf"--http-timeout SECONDS how long .*default {HTTP_TIMEOUT:g}\)", shown)
+
+
+def parses(*argv: str) -> int:
+    """The exit code of this command line with every command's action replaced by nothing: 0
+    when it parses, 2 (a bad command line) when it does not."""
+    with ExitStack() as stack:
+        for command in group.commands.values():
+            stack.enter_context(mock.patch.object(command, "callback", lambda **_: Exit.OK))
+        return main(argv)
+
+
+Answer = tuple[int, str, bytes]
+
+
+class FakeNode(BaseHTTPRequestHandler):
+    """A server that answers as a node would, from a script: the answers to each path in turn
+    (the last one again and again). It keeps each request's Authorization header."""
+
+    script: ClassVar[dict[str, list[Answer]]]
+    authorizations: ClassVar[list[str | None]]
+
+    def do_GET(self) -> None:
+        self.authorizations.append(self.headers.get("Authorization"))
+        missing: Answer = (404, "application/json", b'{"detail": "not found"}')
+        answers = self.script.get(self.path.partition("?")[0], [missing])
+        status, kind, body = answers.pop(0) if len(answers) > 1 else answers[0]
+        self.send_response(status)
+        self.send_header("Content-Type", kind)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def fake_node() -> Iterator[tuple[str, type[FakeNode]]]:
+    handler = type("Scripted", (FakeNode,), {"script": {}, "authorizations": []})
+    for url in serving(handler):
+        yield url, handler
+
+
+def as_answer(model: BaseModel) -> Answer:
+    return 200, "application/json", model.model_dump_json().encode()
+
+
+def a_run(run_id: str, status: str = "running", **fields: Any) -> RunInfo:
+    now = time.time()
+    return RunInfo(
+        run_id=run_id,
+        status=RunStatus(status),
+        owner="pod-a",
+        app_name="app",
+        user_id="u",
+        session_id="s",
+        created_at=now - 2,
+        started_at=now - 2,
+        finished_at=None if status == "running" else now,
+        **fields,
+    )
+
+
+def a_stream(*events: tuple[str, Any]) -> Answer:
+    """Server-sent events as a node sends them (a keep-alive comment first, relay ids)."""
+    text = ": keepalive\n\n" + "".join(
+        f"event: {name}\nid: 17000-{i}\ndata: {json.dumps(data)}\n\n"
+        for i, (name, data) in enumerate(events)
+    )
+    return 200, "text/event-stream; charset=utf-8", text.encode()
+
+
+def test_nodes_shows_node_ids_whole_on_a_narrow_terminal(
+    fake_node: tuple[str, type[FakeNode]],
+) -> None:
+    url, node = fake_node
+    now = time.time()
+    pod = "cancel-bus-7d9f8c6b5-x2k4q.eu-west-1.compute.internal-4242-c0ffee"  # a pod's name
+    view = NodeView(
+        node_id=pod,
+        epoch="e1",
+        started_at=now - 60,
+        last_heartbeat=now - 1,
+        lease_expires_at=now + 9,
+        active_runs=3,
+        version="0.1.0",
+        probe_at=now - 2,
+        probe_latency_ms=1.5,
+        state="alive",
+        heartbeat_age=1,
+        lease_left=9,
+    )
+    node.script["/v1/nodes"] = [as_answer(NodeList(nodes=[view], at=now))]
+    for columns in ("200", "80", "40"):
+        shown = cli("nodes", "--url", url, COLUMNS=columns)
+        assert shown.returncode == 0, shown.stderr
+        assert pod in shown.stdout and "…" not in shown.stdout, (columns, shown.stdout)
+        assert "1.50 ms, 2.0 s ago" in shown.stdout
+    narrow = cli("nodes", "--url", url, COLUMNS="80").stdout.splitlines()
+    assert narrow[0] == f"{pod}  alive"
+    assert narrow[1].startswith("  heartbeat 1.0 s ago · lease left 9.0 s · probe 1.50 ms")
+
+
+def test_client_options_come_before_or_after_the_command(
+    cluster: Cluster, fake_node: tuple[str, type[FakeNode]], silent: str
+) -> None:
+    n2 = cluster.nodes[1].url
+    before = cli("--url", n2, "--json", "runs", "--status", "all", "--limit", "1")
+    assert before.returncode == 0, before.stderr
+    assert isinstance(json.loads(before.stdout), list)
+    after_wins = cli("--url", "http://127.0.0.1:1", "runs", "--url", n2)
+    assert after_wins.returncode == 0, after_wins.stderr
+    assert cli("runs", CANCEL_BUS_URL=n2).returncode == 0
+    assert cli("--url", n2, "runs", CANCEL_BUS_URL="http://127.0.0.1:1").returncode == 0
+
+    url, node = fake_node
+    node.script["/v1/nodes"] = [as_answer(NodeList(nodes=[], at=time.time()))]
+    for args, env, sent in [
+        (["--token", "token-before", "nodes", "--url", url], {}, "token-before"),
+        (["--token", "token-before", "nodes", "--token", "after", "--url", url], {}, "after"),
+        (["nodes", "--url", url], {"CANCEL_BUS_TOKEN": "from-env"}, "from-env"),
+        (
+            ["--token", "token-before", "nodes", "--url", url],
+            {"CANCEL_BUS_TOKEN": "e"},
+            "token-before",
+        ),
+    ]:
+        result = cli(*args, **env)
+        assert result.returncode == 0, result.stderr
+        assert node.authorizations[-1] == f"Bearer {sent}", args
+    timed = cli("--http-timeout", "0.3", "runs", "--url", silent)
+    assert _one_line(timed) == f"cancel-bus: {silent} did not answer within 0.3 s\n"
+
+
+def test_acl_rules_print_the_lines_the_docs_show() -> None:
+    lines = re.findall(r"^ACL SETUSER .*$", DEPLOY.read_text(), re.M)
+    assert len(lines) >= 2
+    for line in lines:
+        namespaces = re.findall(r"(?<= )~cb:\{([^}]+)\}:\*(?= )", line)
+        printed = cli("acl-rules", *namespaces)
+        assert printed.returncode == 0 and printed.stdout == f"{line}\n", printed
+    named = cli("acl-rules", "tenant-a", "--name", "agents").stdout
+    assert named == f"ACL SETUSER agents on >PASSWORD {acl_rules('tenant-a')}\n"
+
+
+def _follow(*args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [COMMAND, "follow", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"},
+    )
+
+
+def test_follow_shows_a_run_live_until_it_succeeds(cluster: Cluster) -> None:
+    url = cluster.nodes[1].url
+    agent = {
+        "tokens": 100,
+        "token_interval_ms": 25,
+        "tools": [{"name": "search", "duration_ms": 50}],
+    }
+    shown, scripted = (_start(cluster, uuid.uuid4().hex, agent=agent) for _ in range(2))
+    text = _follow(shown["run_id"][:12], "--url", url)  # a prefix, as elsewhere
+    lines = _follow(scripted["run_id"], "--url", url, "--json")
+    out, err = text.communicate(timeout=60)
+    assert text.returncode == Exit.OK, err
+    first, *middle, last = out.splitlines()
+    assert first == (
+        f"run {shown['run_id']}: running on node-1 (app / cli / {shown['session_id']}); its "
+        "output from now on (Ctrl-C stops following, not the run):"
+    )
+    assert "the agent thinks about your question" in " ".join(middle)
+    assert '[tool_call] name="search" turn=0' in middle
+    assert re.match(rf"succeeded: run {shown['run_id']} ended after [\d.]+ s$", last), last
+
+    out, err = lines.communicate(timeout=60)
+    assert lines.returncode == Exit.OK, err
+    events = [json.loads(line) for line in out.splitlines()]
+    names = [event["event"] for event in events]
+    assert names[0] == "run" and names[-2:] == ["run.finished", "run"], names
+    assert {"output", "tool_call", "tool_result"} <= set(names)
+    assert ISO.match(events[0]["data"]["created_at"]) and ISO.match(
+        events[-1]["data"]["finished_at"]
+    )
+    assert events[-1]["data"]["status"] == "succeeded" and events[1]["id"]
+    assert all(set(event) == {"event", "id", "data"} for event in events)
+
+
+def test_follow_ends_with_the_runs_end_and_ctrl_c_ends_only_the_following(
+    cluster: Cluster,
+) -> None:
+    url = cluster.nodes[1].url
+    cancelled, interrupted = (_start(cluster, uuid.uuid4().hex) for _ in range(2))
+    following = [_follow(run["run_id"], "--url", url) for run in (cancelled, interrupted)]
+    for process in following:  # the header: the stream is open
+        assert process.stdout is not None
+        assert process.stdout.readline().startswith("run ")
+    with cluster.nodes[0].client() as client:
+        client.post(f"/v1/runs/{cancelled['run_id']}/cancel", json={"reason": "enough"})
+    out, err = following[0].communicate(timeout=30)
+    assert following[0].returncode == Exit.CANCELLED, err
+    assert re.search(
+        rf"^cancelled: run {cancelled['run_id']} ended after .+; reason: enough$", out, re.M
+    ), out
+
+    following[1].send_signal(signal.SIGINT)
+    out, err = following[1].communicate(timeout=30)
+    assert following[1].returncode == Exit.INTERRUPTED
+    said = f"cancel-bus: stopped following run {interrupted['run_id']} (the run itself is not"
+    assert err.startswith(said) and err.count("\n") == 1, err
+    with cluster.nodes[0].client() as client:
+        assert client.get(f"/v1/runs/{interrupted['run_id']}").json()["status"] == "running"
+        client.post(f"/v1/runs/{interrupted['run_id']}/cancel")
+
+    ended = cli("follow", cancelled["run_id"], "--url", url)  # a run that had ended
+    assert ended.returncode == Exit.CANCELLED
+    assert ended.stdout.startswith(f"cancelled: run {cancelled['run_id']} ended after ")
+    assert cli("follow", "deadbeef", "--url", url).returncode == Exit.NOT_FOUND
+
+
+def test_follow_takes_a_run_up_again_when_a_node_drains(
+    fake_node: tuple[str, type[FakeNode]],
+) -> None:
+    url, node = fake_node
+    run = a_run("r-1").model_dump(mode="json")
+    done = a_run("r-1", "succeeded", end_reason="completed").model_dump(mode="json")
+    failed = a_run("r-1", "failed", end_reason="error").model_dump(mode="json")
+    node.script["/v1/runs/r-1"] = [as_answer(a_run("r-1"))]
+    node.script["/v1/runs/r-1/stream"] = [
+        a_stream(("run", run), ("output", {"text": "hel"}), ("node.draining", {"run_id": "r-1"})),
+        a_stream(
+            ("run", run),
+            ("output", {"text": "lo"}),
+            ("run.finished", {"status": "succeeded", "end_reason": "completed"}),
+            ("run", done),
+        ),
+    ]
+    result = cli("follow", "r-1", "--url", url)
+    assert result.returncode == Exit.OK, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[1:4] == [
+        "hel",
+        f"({url} stopped streaming the run: it drains; following again)",
+        "lo",
+    ]
+    assert lines[-1].startswith("succeeded: run r-1 ended after")
+
+    finished = ("run.finished", {"status": "failed", "end_reason": "error"})
+    node.script["/v1/runs/r-1/stream"] = [a_stream(("run", run), finished, ("run", failed))]
+    result = cli("follow", "r-1", "--url", url)
+    assert result.returncode == Exit.FAILED
+    assert result.stdout.splitlines()[-1].startswith("failed (error): run r-1 ended after")
+
+
+@pytest.mark.parametrize(
+    ("stream", "says"),
+    [
+        (
+            a_stream(("run", {}), ("unavailable", {"detail": "Redis unavailable (Timeout)"})),
+            "stopped streaming: Redis unavailable (Timeout)",
+        ),
+        (a_stream(("run", {})), "ended the stream of run r-1 before the run ended"),
+        (a_stream(("output", {"words": 1})), "(HTTP 200 to GET /v1/runs/r-1/stream: event output:"),
+        ((200, "text/html", b"<html></html>"), "stream: text/html, not an event stream)"),
+        ((404, "application/json", b'{"detail": "run r-1 not found"}'), "HTTP 404: run r-1 not"),
+    ],
+)
+def test_follow_reports_a_stream_that_goes_wrong_in_one_line(
+    fake_node: tuple[str, type[FakeNode]], stream: Answer, says: str
+) -> None:
+    url, node = fake_node
+    run = a_run("r-1").model_dump_json()
+    node.script["/v1/runs/r-1"] = [as_answer(a_run("r-1"))]
+    status, kind, body = stream
+    node.script["/v1/runs/r-1/stream"] = [(status, kind, body.replace(b"{}", run.encode()))]
+    result = cli("follow", "r-1", "--url", url, COLUMNS="60")
+    assert result.returncode == Exit.ERROR
+    assert says in _one_line(result)
+
+
+def test_server_sent_events_are_read_as_the_standard_says() -> None:
+    lines = [": keepalive", "", "event: output", "id: 1-0", 'data: {"text":', 'data: "a"}', ""]
+    lines += ["data:plain", "", "event: lost"]  # no blank line after it: never dispatched
+    assert list(server_sent(lines)) == [
+        ("output", "1-0", '{"text":\n"a"}'),
+        ("message", None, "plain"),
+    ]
+    assert KEEPALIVE == KEEPALIVE_SECONDS  # a stream's read waits for the node's keep-alive
+
+
+def test_the_command_runs_as_a_module_too() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "node.cli", "--version"], capture_output=True, text=True
+    )
+    assert result.returncode == 0 and result.stdout.startswith("cancel-bus ")

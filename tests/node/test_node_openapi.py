@@ -89,11 +89,11 @@ def test_the_api_docs_load_only_the_node_own_assets(client: TestClient, page: st
 def test_healthz_fails_while_the_embedded_server_is_down(client: TestClient) -> None:
     node = client.app.state.node  # type: ignore[attr-defined]
     problem = "the embedded server did not start again: ..."
-    node.embedded_problem = problem
+    node.embedded.problem = problem
     try:
         answer = client.get("/healthz")
     finally:
-        node.embedded_problem = None
+        node.embedded.problem = None
     assert answer.status_code == 503
     assert answer.json() == {"status": "failing", "problem": problem}
     assert client.get("/healthz").json() == {"status": "ok"}
