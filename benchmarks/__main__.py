@@ -59,9 +59,11 @@ BENCHMARKS: dict[str, Callable[[Bench], Awaitable[None]]] = {
     "scaling": scaling.run,
     "hot_path": hot_path.run,
     "cluster": cluster.run,
-    "peers": peers.run,
+    "peers": peers.run,  # agno's included
+    "agno": peers.run_agno,  # with --only agno only: agno's comparison alone
     "profile": profiles.run,  # with --profile (or --only profile) only
 }
+ONLY_ON_REQUEST = ("agno", "profile")
 
 
 def main() -> int:
@@ -81,7 +83,7 @@ def main() -> int:
     )
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results")
     args = parser.parse_args()
-    default = [name for name in BENCHMARKS if name != "profile"]
+    default = [name for name in BENCHMARKS if name not in ONLY_ON_REQUEST]
     chosen = default if args.only is None else args.only.split(",")
     unknown = [name for name in chosen if name not in BENCHMARKS]
     if unknown:

@@ -29,11 +29,9 @@ by ``bus.get_run``/``list_runs`` and recorded ``cancelled`` with ``end_reason`` 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import importlib.metadata
 import inspect
 import logging
-import re
 import sys
 import threading
 from collections.abc import AsyncGenerator, Coroutine, Iterator, Mapping
@@ -52,8 +50,6 @@ from trpc_agent_sdk.events import AgentCancelledEvent, Event  # type: ignore[imp
 from trpc_agent_sdk.runners import Runner  # type: ignore[import-untyped]
 
 from cancel_bus import (
-    ID_PATTERN,
-    MAX_ID_LENGTH,
     BusClosed,
     BusUnavailable,
     CancelBus,
@@ -62,10 +58,10 @@ from cancel_bus import (
     Outcome,
     RunCancelled,
     RunHandle,
-    SessionBusy,
 )
 
 from ._held import HeldCancels
+from ._sessions import Turns, bus_session, enter_session_run
 
 __all__ = [
     "SUPPORTED",
@@ -102,28 +98,16 @@ _FUNCTIONS = (
     "get_cancel_event",
 )
 _RUN_ASYNC = ("self", "user_id", "session_id", "new_message", "run_config", "agent_context")
-_ID_RE = re.compile(ID_PATTERN)
 T = TypeVar("T")
 _INSTALL_LOCK = threading.Lock()
 _ORIGINAL_RUN_ASYNC = Runner.run_async
 
 
-def bus_session(app_name: str, user_id: str, session_id: str) -> tuple[str, str, str]:
-    """The bus session key of a trpc-agent session: each part as is if it is a valid bus id,
-    else ``sha256=`` and its digest."""
-    return (_bus_id(app_name), _bus_id(user_id), _bus_id(session_id))
-
-
-def _bus_id(value: str) -> str:
-    if len(value) <= MAX_ID_LENGTH and _ID_RE.fullmatch(value):
-        return value
-    return "sha256=" + hashlib.sha256(value.encode()).hexdigest()
-
-
 @dataclass(eq=False)
-class _LocalRun:
+class _LocalRun(Turns):
     """One run of a session key on this node: its bus scope, the Events handed out for it, and
-    what its event stream showed (for turn boundaries and an interrupted run's partial text)."""
+    what its event stream showed (:class:`Turns`: turn boundaries, an interrupted run's partial
+    text)."""
 
     key: Any  # SessionKey
     scope: AbstractAsyncContextManager[RunHandle]
@@ -134,10 +118,6 @@ class _LocalRun:
     watching: bool = False
     finished: bool = False
     interrupted: bool = False  # an immediate cancel interrupted it (its CancelledError was ours)
-    at_boundary: bool = True  # the next checkpoint is a turn boundary (the run's first is)
-    pending_calls: set[str] = field(default_factory=set)
-    partial: list[str] = field(default_factory=list)  # text streamed since the last whole event
-    last_event: Any = None  # Event
 
     def poll(self) -> bool:
         """The hot path: True once a cancel was delivered (attribute tests on the token);
@@ -152,21 +132,6 @@ class _LocalRun:
             self.cancel_event.set()
             return True
         return False
-
-    def track(self, event: Any) -> None:
-        """Follow the run's events: a whole event that leaves no tool call unanswered ends a
-        turn (a final answer, or the results of every call the model asked for)."""
-        self.last_event = event
-        if event.partial:
-            self.partial.append(event.get_text())
-            self.at_boundary = False
-            return
-        self.partial.clear()
-        if event.content is None:
-            return
-        self.pending_calls.update(call.id for call in event.get_function_calls())
-        self.pending_calls.difference_update(r.id for r in event.get_function_responses())
-        self.at_boundary = not self.pending_calls
 
     def ended_cancelled(self) -> None:
         """trpc-agent ended the run as a cancelled one (``AgentCancelledEvent``), maybe without a
@@ -321,31 +286,15 @@ class _Node:
 
     async def _register(self, key: Any) -> _LocalRun:
         """Register a bus run for ``key``; a run of the key that is stopping is waited for."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.busy_timeout
-        app_name, user_id, session_id = bus_session(key.app_name, key.user_id, key.session_id)
-        while True:
-            scope = self.bus.run(
-                app_name=app_name,
-                user_id=user_id,
-                session_id=session_id,
-                metadata={"integration": "trpc-agent"},
-            )
-            try:
-                handle = await scope.__aenter__()
-            except SessionBusy as busy:
-                active = await self.bus.get_run(busy.active_run_id)
-                remaining = deadline - loop.time()
-                if active is not None and active.is_active:
-                    if not active.stopping or remaining <= 0:
-                        raise
-                    await self.bus.wait(active.run_id, timeout=remaining)
-                elif remaining <= 0:
-                    raise
-                continue
-            run = _LocalRun(key, scope, handle)
-            self.runs[key] = run
-            return run
+        scope, handle = await enter_session_run(
+            self.bus,
+            bus_session(key.app_name, key.user_id, key.session_id),
+            busy_timeout=self.busy_timeout,
+            metadata={"integration": "trpc-agent"},
+        )
+        run = _LocalRun(key, scope, handle)
+        self.runs[key] = run
+        return run
 
     async def cancel(self, key: Any) -> asyncio.Event | None:
         result = await self.held.cancel_session(

@@ -4,7 +4,7 @@ integration as its docs show it, started over control routes, with gates the tes
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -21,57 +21,13 @@ from cancel_bus import CancelBus
 from cancel_bus.integrations.langgraph import astream, render_chunk
 from cancel_bus.integrations.openai_agents import stream_events
 
-from ..helpers import WAIT
 from .langgraph_support import Story
 from .openai_support import ScriptedModel, Tool, Turn
-from .replica_routes import bus_routes, gate_routes
+from .replica_routes import Gates, Runs, bus_routes, gate_routes
 
 APP = "chat"
 USER = "u1"
 GATED = "gated-"  # a run whose first model token / graph node waits for the gate "start:<session>"
-
-
-class Gates:
-    """Named events, opened by the tests (one set of names per session)."""
-
-    def __init__(self) -> None:
-        self._events: dict[str, asyncio.Event] = {}
-
-    def __call__(self, name: str) -> asyncio.Event:
-        return self._events.setdefault(name, asyncio.Event())
-
-
-class Runs:
-    """Background runs by session: started once the framework was called (inside the bus run),
-    streaming once the user's code has its first text, their result once they end."""
-
-    def __init__(self) -> None:
-        self.tasks: dict[str, asyncio.Task[dict[str, Any]]] = {}
-        self.texts: dict[str, asyncio.Event] = {}
-
-    def got_text(self, session: str) -> None:
-        self.texts.setdefault(session, asyncio.Event()).set()
-
-    async def streaming(self, session: str) -> None:
-        await asyncio.wait_for(self.texts.setdefault(session, asyncio.Event()).wait(), WAIT)
-
-    async def start(
-        self, session: str, body: Callable[[asyncio.Future[str]], Awaitable[dict[str, Any]]]
-    ) -> JSONResponse:
-        """Start ``body``; answers its bus run's id once it has called the framework."""
-        started: asyncio.Future[str] = asyncio.get_running_loop().create_future()
-        self.tasks[session] = asyncio.create_task(_outcome(body(started)))
-        return JSONResponse({"run_id": await asyncio.wait_for(started, WAIT)})
-
-    async def result(self, session: str) -> dict[str, Any]:
-        return await asyncio.wait_for(asyncio.shield(self.tasks[session]), WAIT)
-
-
-async def _outcome(body: Awaitable[dict[str, Any]]) -> dict[str, Any]:
-    try:
-        return await body
-    except Exception as exc:
-        return {"error": f"{type(exc).__name__}: {exc}"}
 
 
 def openai_routes(bus: CancelBus, gates: Gates, runs: Runs) -> list[Route]:
@@ -152,20 +108,11 @@ def langgraph_routes(bus: CancelBus, gates: Gates, runs: Runs) -> list[Route]:
 @asynccontextmanager
 async def serve(bus: CancelBus, url: str) -> AsyncIterator[Starlette]:
     gates, runs = Gates(), Runs()
-
-    async def result(request: Request) -> JSONResponse:
-        return JSONResponse(await runs.result(request.path_params["session"]))
-
-    async def streaming(request: Request) -> JSONResponse:
-        await runs.streaming(request.path_params["session"])
-        return JSONResponse({})
-
     yield Starlette(
         routes=[
             *openai_routes(bus, gates, runs),
             *langgraph_routes(bus, gates, runs),
-            Route("/runs/{session}/result", result, methods=["POST"]),
-            Route("/runs/{session}/streaming", streaming, methods=["POST"]),
+            *runs.routes(),
             *bus_routes(bus),
             *gate_routes(gates),
         ]

@@ -18,6 +18,7 @@ from .replica import Replica, running
 TRPC_REPLICA = "tests.integrations.trpc_replica"
 A2A_V1_REPLICA = "tests.integrations.a2a_v1_replica"
 AGENTS_REPLICA = "tests.integrations.agents_replica"
+FRAMEWORKS_REPLICA = "tests.integrations.frameworks_replica"
 
 _A2A_TESTS = {"0": "test_a2a.py", "1": "test_a2a_v1.py"}
 
@@ -71,3 +72,21 @@ def agents_replicas(
     """Replicas A and B of the openai-agents and LangGraph integrations, as OS processes."""
     with running(AGENTS_REPLICA, 2, redis_server.url, replica_namespace) as replicas:
         yield replicas
+
+
+@pytest.fixture(scope="session")
+def frameworks_replicas(
+    redis_server: EmbeddedServer, replica_namespace: str
+) -> Iterator[list[Replica]]:
+    """Replicas A and B of the agno, google-adk and pydantic-ai integrations, as OS processes."""
+    with running(FRAMEWORKS_REPLICA, 2, redis_server.url, replica_namespace) as replicas:
+        yield replicas
+
+
+@pytest.fixture
+def frameworks_victim(redis_server: EmbeddedServer, replica_namespace: str) -> Iterator[Replica]:
+    """A third replica of those integrations, to be killed (a short lease: found dead soon)."""
+    with running(FRAMEWORKS_REPLICA, 1, redis_server.url, replica_namespace, lease_ttl=2.0) as [
+        victim
+    ]:
+        yield victim

@@ -13,11 +13,11 @@ import pytest
 
 from cancel_bus import CancelBus, RunStatus
 
-from ..helpers import WAIT, eventually
+from ..helpers import WAIT
 from .agents_replica import APP, GATED, USER
 from .replica import Replica
-
-WHERE = ["owner", "other"]
+from .replica_client import WHERE, delivered
+from .replica_client import ReplicaRuns as Runs
 
 # Stopped while the model stalls after "Let me ": (text streamed, tool called).
 OPENAI_ENDS = {
@@ -38,56 +38,9 @@ def namespace(replica_namespace: str) -> str:
     return replica_namespace
 
 
-class Runs:
-    def __init__(self, http: httpx.AsyncClient, replicas: list[Replica]) -> None:
-        self.http = http
-        self.a, self.b = replicas
-
-    async def post(self, replica: Replica, path: str, body: dict[str, Any] | None = None) -> Any:
-        response = await self.http.post(f"{replica.url}{path}", json=body or {})
-        response.raise_for_status()
-        return response.json()
-
-    async def start(self, framework: str, session: str) -> str:
-        """Start a run on A; its bus run id, once the framework was called (inside the run)."""
-        run_id: str = (await self.post(self.a, f"/{framework}/runs", {"session": session}))[
-            "run_id"
-        ]
-        return run_id
-
-    async def cancel(self, where: str, session: str, mode: str) -> str:
-        """``bus.cancel_session`` on a replica, without waiting; its outcome."""
-        body = {"app": APP, "user": USER, "session": session, "mode": mode, "wait": False}
-        outcome: str = (
-            await self.post(self.a if where == "owner" else self.b, "/bus/cancel", body)
-        )["outcome"]
-        return outcome
-
-    async def open(self, gate: str) -> None:
-        await self.post(self.a, f"/gates/{gate}")
-
-    async def streaming(self, session: str) -> None:
-        """Until the user's code on A has the run's first text."""
-        await self.post(self.a, f"/runs/{session}/streaming")
-
-    async def result(self, session: str) -> dict[str, Any]:
-        result: dict[str, Any] = await self.post(self.a, f"/runs/{session}/result")
-        return result
-
-
 @pytest.fixture
 def runs(http: httpx.AsyncClient, agents_replicas: list[Replica]) -> Runs:
-    return Runs(http, agents_replicas)
-
-
-async def delivered(ops: CancelBus, run_id: str) -> None:
-    """Until the cancel has reached the run's owner."""
-
-    async def check() -> bool:
-        run = await ops.get_run(run_id)
-        return run is not None and run.cancel_delivered_at is not None
-
-    await eventually(check)
+    return Runs(http, agents_replicas, APP, USER)
 
 
 async def stopped(runs: Runs, ops: CancelBus, framework: str, where: str, mode: str) -> Any:

@@ -1,0 +1,3 @@
+from tests.integrations.adk_support import boss_agent
+
+root_agent = boss_agent()

@@ -1,0 +1,3 @@
+"""The ADK app ``story`` (see adk_support.py)."""
+
+from . import agent  # noqa: F401 (ADK's loader finds root_agent here)
