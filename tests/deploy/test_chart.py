@@ -13,10 +13,11 @@ from unittest import mock
 from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit
 
 import pytest
+import uvicorn
 import yaml
 
 from cancel_bus._redis import connect
-from node import cli, health
+from node import cli, health, server
 from node.app import create_app
 from node.settings import ENV_PREFIX, Settings
 
@@ -456,7 +457,7 @@ def uvicorn_shutdown_seconds() -> float:
     """The graceful-shutdown timeout ``cancel-bus serve`` gives uvicorn (after the drain), read
     from the config it builds (the server is not run)."""
     seen: list[Any] = []
-    real = cli.uvicorn.Config
+    real = uvicorn.Config
 
     def config(*args: Any, **kwargs: Any) -> Any:
         seen.append(real(*args, **kwargs))
@@ -465,8 +466,8 @@ def uvicorn_shutdown_seconds() -> float:
     env = {"CANCEL_BUS_REDIS_URL": "redis://unused:6379/0"}
     with (
         mock.patch.dict(os.environ, env, clear=True),
-        mock.patch.object(cli.uvicorn, "Config", config),
-        mock.patch.object(cli.DrainingServer, "run"),
+        mock.patch.object(uvicorn, "Config", config),
+        mock.patch.object(server.DrainingServer, "run"),
     ):
         assert cli.main(["serve"]) == 0
     (used,) = seen

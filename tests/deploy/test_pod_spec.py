@@ -37,7 +37,7 @@ from .kubelet import LocalPod, configmaps_of, sandbox_available, secrets_of
 
 DRAIN = 2.0
 PRE_STOP = 1
-UVICORN_SHUTDOWN = 5  # node/cli.py; tests/deploy/test_chart.py reads it from the app
+UVICORN_SHUTDOWN = 5  # node/cli/launch.py; tests/deploy/test_chart.py reads it from the app
 # A password no URL could hold as is: the node URL-encodes CANCEL_BUS_REDIS_PASSWORD and
 # CANCEL_BUS_REDIS_SENTINEL_PASSWORD itself.
 AWKWARD = "/:@?#%+& "
