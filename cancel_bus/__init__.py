@@ -11,14 +11,15 @@ from ._errors import (
     InvalidArgument,
     InvalidId,
     NodeIdInUse,
-    RunCancelled,
     RunEnded,
     RunExists,
     RunNotFound,
     SessionBusy,
 )
+from ._filter import RunFilter, recency
 from ._keys import ID_PATTERN, MAX_ID_LENGTH, acl_rules
 from ._run import RunHandle
+from ._run_state import RunCancelled
 from ._types import (
     BusStats,
     CancelMode,
@@ -58,6 +59,7 @@ __all__ = [
     "RunEnded",
     "RunEvent",
     "RunExists",
+    "RunFilter",
     "RunHandle",
     "RunInfo",
     "RunNotFound",
@@ -68,4 +70,5 @@ __all__ = [
     "Tombstone",
     "__version__",
     "acl_rules",
+    "recency",
 ]

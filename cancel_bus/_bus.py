@@ -16,11 +16,12 @@ from types import TracebackType
 from typing import Any
 
 from . import _checks as check
-from ._calls import CancelOrder
+from ._filter import RunFilter
 from ._follow import follow
 from ._keys import KeySpace, new_node_id, validate_id
 from ._messages import run_target, session_target
 from ._node import Node
+from ._protocol import CancelOrder
 from ._redis import Client, pool_counts, within
 from ._run import RunHandle, RunScope, RunSpec
 from ._types import (
@@ -105,14 +106,17 @@ class CancelBus:
 
     @property
     def epoch(self) -> str:
+        """This node's incarnation (its fencing token); ``''`` until started."""
         return self._node.lease.epoch
 
     @property
     def lease_ttl(self) -> float:
+        """Seconds a node's lease lasts without a heartbeat."""
         return self._node.lease.lease_ttl
 
     @property
     def namespace(self) -> str:
+        """The namespace every key and channel of this bus lives in."""
         return self._keys.namespace
 
     def pool_stats(self) -> dict[str, int]:
@@ -144,17 +148,20 @@ class CancelBus:
 
     @property
     def draining(self) -> bool:
+        """True from :meth:`close` (with a drain) until the node leaves: no new runs."""
         return self._lifecycle.phase == "draining"
 
     @property
     def pubsub_reconnects(self) -> int:
-        return self._node.inbox.reconnects
+        """How many times the node's channel subscription was made again."""
+        return self._node.subscription.reconnects
 
     def clock(self) -> float:
         """Now on the Redis server clock (estimated from heartbeats)."""
         return self._node.clock()
 
     async def start(self) -> None:
+        """Register this node, subscribe to its channel and start its background work."""
         await self._node.start()
 
     async def close(self, drain_timeout: float = 0.0, cancel_timeout: float = 5.0) -> None:
@@ -225,6 +232,7 @@ class CancelBus:
         )
 
     def local_runs(self) -> list[RunHandle]:
+        """The runs this node is running now."""
         return self._node.local.handles()
 
     # -- any node -----------------------------------------------------------------------------
@@ -336,6 +344,7 @@ class CancelBus:
         return await self._node.caller.wait(run_id, timeout)
 
     async def get_run(self, run_id: str) -> RunInfo | None:
+        """A run's record, whichever node ran it; ``None`` if Redis has none."""
         validate_id(run_id, "run_id")
         self._lifecycle.require_open()
         return await self._reads.get_run(run_id)
@@ -362,13 +371,17 @@ class CancelBus:
         user_id: str | None = None,
         limit: int = 100,
     ) -> list[RunInfo]:
-        """Runs across the cluster, newest first. ``status``: "active", "all" or a RunStatus."""
+        """Runs across the cluster, newest first. ``status``: "active", "finished", "all" or
+        a RunStatus."""
         self._lifecycle.require_open()
-        return await self._reads.list_runs(
-            *check.listing(status, node_id, app_name, user_id, limit)
+        status, node_id, app_name, user_id, limit = check.listing(
+            status, node_id, app_name, user_id, limit
         )
+        wanted = RunFilter(status=status, node_id=node_id, app_name=app_name, user_id=user_id)
+        return await self._reads.list_runs(wanted, limit)
 
     async def list_nodes(self) -> list[NodeInfo]:
+        """The nodes of the namespace whose records Redis holds, with their leases."""
         self._lifecycle.require_open()
         return await self._reads.list_nodes(self.clock())
 

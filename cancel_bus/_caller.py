@@ -14,13 +14,11 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from ._calls import CancelAnswer, CancelOrder, ScriptCalls
+from ._calls import ScriptCalls
 from ._errors import BusUnavailable
-from ._lease import Lease
-from ._local import Delivery, LocalRuns
-from ._protocol import Code
+from ._ports import Delivery, Identified, Keeper, Owner
+from ._protocol import CancelAnswer, CancelOrder, Code
 from ._reads import Reads
-from ._recovery import Recovery
 from ._redis import within
 from ._types import BusStats, CancelResult, Outcome, RunInfo, RunStatus
 from ._waiters import Waiters
@@ -35,11 +33,11 @@ class CallerSide:
     def __init__(
         self,
         *,
-        lease: Lease,
+        lease: Identified,
         calls: ScriptCalls,
         reads: Reads,
-        local: LocalRuns,
-        recovery: Recovery,
+        local: Owner,
+        recovery: Keeper,
         waiters: Waiters,
         stats: BusStats,
     ) -> None:

@@ -10,125 +10,61 @@ from __future__ import annotations
 import asyncio
 import json
 import secrets
-from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from collections.abc import Sequence
+from dataclasses import asdict
+from typing import Any, Protocol
 
-from ._batcher import ScriptBatcher
-from ._duties import Spawn
-from ._errors import BusUnavailable, Fenced, RunCancelled, RunExists, SessionBusy
+from ._errors import BusUnavailable, Fenced, RunExists, SessionBusy
 from ._keys import KeySpace
 from ._messages import MessageKind
-from ._notices import Notices
-from ._protocol import Code
-from ._redis import Client, translate, translated
-from ._scripts import ALL_SCRIPTS
+from ._protocol import (
+    CancelAnswer,
+    CancelOrder,
+    Code,
+    Finish,
+    Finished,
+    Reasserted,
+    Record,
+    SyncItem,
+)
+from ._redis import translate, translated
+from ._run_state import RunCancelled
 from ._types import CancelMode, RunInfo, RunStatus, StopCause
 
-Record = dict[str, str]  # a run's record as stored: every value a string
+
+class Batches(Protocol):
+    """Where calls leave in batches (``_batcher.ScriptBatcher``)."""
+
+    async def call(
+        self, name: str, keys: list[str], args: dict[str, Any], timeout: float | None = None
+    ) -> Any: ...
+
+    def submit(
+        self, name: str, keys: list[str], args: dict[str, Any], timeout: float | None = None
+    ) -> asyncio.Future[Any]: ...
 
 
-@dataclass(frozen=True, slots=True)
-class CancelOrder:
-    """What a cancel asks for: the run (``run:<id>``) or session (``session:...``) it targets,
-    its mode, reason, requester and cause; with ``tree``, every run started below it too."""
+class Publisher(Protocol):
+    """Where a signed bus's notices are sealed and sent (``_notices.Notices``)."""
 
-    target: str
-    run_id: str | None
-    session: tuple[str, str, str] | None
-    mode: CancelMode
-    reason: str | None
-    requested_by: str | None
-    cause: StopCause
-    tree: bool = True
+    @property
+    def script_pub(self) -> str: ...
 
-
-@dataclass(frozen=True, slots=True)
-class CancelAnswer:
-    """What ``request_cancel`` answered: a code (an Outcome value, or ``recovering``), the run,
-    how many subscribers the cancel message reached (-1: none was sent, the caller is the
-    owner), the descendants, whether some were left out (``MAX_DESCENDANTS``, ``MAX_WALK``),
-    and how many of the tree's cancel messages no subscriber heard (the owners' sweeps deliver
-    them)."""
-
-    code: Code
-    run: RunInfo | None
-    receivers: int = -1
-    descendants: list[tuple[str, Code, RunInfo | None]] = field(default_factory=list)
-    truncated: bool = False
-    unheard: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class Finish:
-    """A run's end, as its owner writes it. ``stop_cause``: why the node stopped the run without
-    a request, if it did; ``record`` (the run as the owner knows it) is read only if Redis lost
-    the run's record."""
-
-    run_id: str
-    node_id: str
-    epoch: str
-    status: RunStatus
-    stop_cause: StopCause | None
-    output: str
-    output_truncated: bool
-    error: str | None
-    phase: str | None
-    delivered_at: float | None
-    observed_at: float | None
-    record: Callable[[], Record]
-    notes: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class Finished:
-    """What a finish answered: ``ok`` (``status``, ``end_reason`` as recorded), ``done`` (ended by
-    someone else) or ``fenced`` (the run is no longer this incarnation's)."""
-
-    code: Code
-    status: str = ""
-    end_reason: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class SyncItem:
-    """Owner-side updates of one active run, written together off the hot path."""
-
-    run_id: str
-    phase: str
-    delivered_at: str
-    relay: list[tuple[str, str, str]]
-    notes: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class Reasserted:
-    """What re-asserting a run answered: ``ok`` (recorded as ours), ``recreated``, ``finished``
-    (``status``), ``foreign`` (``owner``) or ``fenced``."""
-
-    code: Code
-    status: str = ""
-    owner: str = ""
+    async def publish(self, notices: Sequence[Sequence[str]]) -> dict[str, list[int]]: ...
 
 
 class ScriptCalls:
-    """``notices``: where a signed bus's notices are sealed and sent (and what scripts are told
-    to notify with); ``spawn``: where batches of calls are sent from."""
+    """``batches``: where the calls leave (one batch per script per turn); ``notices``: where a
+    signed bus's notices are sealed and sent (and what scripts are told to notify with)."""
 
     def __init__(
-        self,
-        redis: Client,
-        keys: KeySpace,
-        *,
-        retention: float,
-        notices: Notices,
-        spawn: Spawn,
+        self, batches: Batches, keys: KeySpace, *, retention: float, notices: Publisher
     ) -> None:
         self.keys = keys
         self.retention_ms = int(retention * 1000)
         self._notices = notices
         self._pub = notices.script_pub
-        self._batcher = ScriptBatcher(redis, ALL_SCRIPTS, spawn)
+        self._batcher = batches
 
     async def _call(
         self, name: str, key: str, args: dict[str, Any], timeout: float | None = None

@@ -9,7 +9,7 @@ from typing import Any, cast
 
 from ._errors import InvalidArgument
 from ._keys import validate_id
-from ._run import current_run
+from ._run_state import current_run
 from ._types import CancelMode, RunStatus, StatusFilter, StopCause
 
 MAX_TEXT = 1000
@@ -176,8 +176,8 @@ def listing(
 
 
 def status_filter(value: RunStatus | str) -> StatusFilter:
-    """ "active", "all" or a :class:`RunStatus`."""
-    if value in ("active", "all"):
+    """ "active", "finished", "all" or a :class:`RunStatus`."""
+    if value in ("active", "finished", "all"):
         return cast(StatusFilter, value)
     try:
         return RunStatus(value)

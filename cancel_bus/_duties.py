@@ -23,16 +23,30 @@ import logging
 import math
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from ._errors import BusClosed
-from ._redis import Backoff, raise_if_cancelling
 from ._trouble import Trouble, kind_of
 
 log = logging.getLogger("cancel_bus")
 
 STOP_SECONDS = 3.0  # the bound of a stop
 Spawn = Callable[[str, Coroutine[Any, Any, None]], "asyncio.Task[None]"]  # Duties.spawn
+
+
+class Backoff(Protocol):
+    """How long to rest after failures in a row (``_redis.backoff()``: redis-py's classes)."""
+
+    def compute(self, failures: int) -> float: ...
+
+
+def raise_if_cancelling() -> None:
+    """For a loop that carries on after errors: stop if the task is being cancelled. A library
+    may surface a cancellation as an error (a timeout context that saw it); going on would make
+    the task impossible to cancel."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,8 @@
      │                        policy that would drop live runs
      ├── BusClosed            the bus is not started, or already closed
      ├── RunCancelled         raised inside a run at a checkpoint; the run scope records it
+     │                        (defined in ``_run.py``, beside the request it carries: this
+     │                        module imports nothing)
      ├── RunEnded             a call on a run whose scope has exited (a leak, recorded)
      ├── RunNotFound          no such run (where an answer object cannot say so)
      ├── RunExists            the run id is taken (ids are never reused)
@@ -22,11 +24,6 @@ class: unavailable, misconfigured, or a defect (a plain :class:`CancelBusError`)
 """
 
 from __future__ import annotations
-
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from ._types import CancelRequest
 
 
 class CancelBusError(Exception):
@@ -51,19 +48,6 @@ class BusClosed(CancelBusError):
     """The bus is not started or was closed."""
 
 
-class RunCancelled(CancelBusError):
-    """Raised at a checkpoint of a run whose cancel was requested.
-
-    Leaving the run scope with this exception records the run as cancelled and suppresses it.
-    """
-
-    def __init__(self, run_id: str, request: CancelRequest | None) -> None:
-        reason = request.reason if request is not None else None
-        super().__init__(f"run {run_id} cancelled" + (f": {reason}" if reason else ""))
-        self.run_id = run_id
-        self.request = request
-
-
 class RunEnded(CancelBusError):
     """A run's handle was asked to pause or resume after the run's end (a leak)."""
 
@@ -78,6 +62,8 @@ class RemoteTaskRunning(CancelBusError):
 
 
 class RunNotFound(CancelBusError):
+    """No record of the run in Redis (never started here, or its record expired)."""
+
     def __init__(self, run_id: str) -> None:
         super().__init__(f"run {run_id} not found")
         self.run_id = run_id
@@ -109,6 +95,8 @@ class Fenced(CancelBusError):
 
 
 class NodeIdInUse(CancelBusError):
+    """The node id asked for belongs to another node whose lease is live."""
+
     def __init__(self, node_id: str) -> None:
         super().__init__(f"node id {node_id} is held by another live node")
         self.node_id = node_id
@@ -119,6 +107,8 @@ class InvalidArgument(CancelBusError, ValueError):
 
 
 class InvalidId(InvalidArgument):
+    """An id (run, session part, node) that is empty, too long or holds a refused character."""
+
     def __init__(self, what: str, value: object, problem: str) -> None:
         shown = repr(value) if len(repr(value)) <= 60 else repr(value)[:57] + "..."
         super().__init__(f"invalid {what} {shown}: {problem}")

@@ -19,12 +19,12 @@ from __future__ import annotations
 import asyncio
 import secrets
 import time
-from dataclasses import dataclass
 from typing import Protocol
 
 from ._calls import ScriptCalls
 from ._duties import Duty
 from ._errors import BusUnavailable, CancelBusError, Fenced, NodeIdInUse
+from ._ports import Identity
 from ._protocol import Code
 from ._redis import backoff
 from ._trouble import Trouble, kind_of
@@ -35,15 +35,6 @@ HEARTBEATS_PER_LEASE = 5
 FENCE_MARGIN = 0.05  # of a lease: the node stops its runs this much before another may resolve them
 RETRY_FIRST = 0.05  # seconds before the first retry of a failed heartbeat; doubles up to...
 RETRY_SHARE = 0.25  # ... this share of the interval
-
-
-@dataclass(frozen=True, slots=True)
-class Identity:
-    """This node as Redis knows it: its id and its incarnation (``epoch``, its fencing token;
-    ``''`` until registered). A value: replaced whole when the node rejoins, never changed."""
-
-    node_id: str
-    epoch: str = ""
 
 
 class LeaseHolder(Protocol):

@@ -16,24 +16,18 @@ import asyncio
 import contextlib
 import functools
 import logging
-from enum import Enum
 
-from ._calls import CancelOrder, Finish, Finished, ScriptCalls
+from ._calls import ScriptCalls
 from ._chunks import ChunkedQueue, Settling
 from ._duties import Spawn
-from ._errors import (
-    CancelBusError,
-    RunCancelled,
-    RunExists,
-)
-from ._lease import Lease
+from ._errors import CancelBusError, RunExists
 from ._messages import SESSION_TARGET_PREFIX, run_target, session_target
-from ._outbox import Outbox
-from ._protocol import Code
+from ._ports import Deferred, Delivery, Identified, Updates
+from ._protocol import CancelOrder, Code, Finish, Finished
 from ._reads import Reads
-from ._run import Ending, ProfiledRunHandle, RunHandle, RunSpec, RunState
+from ._run import ProfiledRunHandle, RunHandle, RunSpec
+from ._run_state import Ending, RunCancelled, RunState
 from ._state import Lifecycle
-from ._sync import RunSync
 from ._timed import TimedMap
 from ._types import BusStats, CancelMode, CancelRequest, RunStatus, StopCause
 
@@ -43,24 +37,15 @@ EARLY_CANCEL_SECONDS = 30.0
 MAX_ERROR = 1000
 
 
-class Delivery(Enum):
-    """What a cancel did to a run of this node."""
-
-    DELIVERED = "delivered"  # its token is set (or a stronger mode escalated it)
-    UNCHANGED = "unchanged"  # it had it already
-    EARLY = "early"  # the run is not here (yet): kept, applied if it starts here soon
-    MISADDRESSED = "misaddressed"  # a session cancel for another session's run
-
-
 class LocalRuns:
     def __init__(
         self,
         *,
         calls: ScriptCalls,
         reads: Reads,
-        lease: Lease,
-        sync: RunSync,
-        outbox: Outbox,
+        lease: Identified,
+        sync: Updates,
+        outbox: Deferred,
         lifecycle: Lifecycle,
         stats: BusStats,
         max_output_chars: int,
@@ -77,6 +62,7 @@ class LocalRuns:
         self._stats = stats
         self._max_output_chars = max_output_chars
         self._runs: dict[str, RunState] = {}
+        self._handles: dict[str, RunHandle] = {}  # what each run's code holds
         self._empty = asyncio.Event()
         self._empty.set()
         self._early: TimedMap[str, CancelRequest] = TimedMap(EARLY_CANCEL_SECONDS, 10_000)
@@ -94,7 +80,7 @@ class LocalRuns:
         return list(self._runs.values())
 
     def handles(self) -> list[RunHandle]:
-        return [state.handle for state in self._runs.values() if state.handle is not None]
+        return list(self._handles.values())
 
     def __len__(self) -> int:
         return len(self._runs)
@@ -121,10 +107,13 @@ class LocalRuns:
         if state is None:
             self._early.put(run_id, request)
             return Delivery.EARLY
-        if target is not None and target.startswith(SESSION_TARGET_PREFIX):
-            handle = state.handle
-            if handle is None or handle.session is None or target != session_target(handle.session):
-                return Delivery.MISADDRESSED
+        session = state.session
+        if (
+            target is not None
+            and target.startswith(SESSION_TARGET_PREFIX)
+            and (session is None or target != session_target(session))
+        ):
+            return Delivery.MISADDRESSED
         if not state.deliver(request, self.clock()):
             return Delivery.UNCHANGED
         self._sync.mark_delivered(state)
@@ -196,6 +185,7 @@ class LocalRuns:
         )
         handle = self._handle_class(state, self)
         self._runs[spec.run_id] = state
+        self._handles[spec.run_id] = handle
         self._empty.clear()
         early = self._early.pop(spec.run_id)
         if early is not None:
@@ -301,19 +291,20 @@ class LocalRuns:
             epoch=state.epoch,
             status=ending.status,
             stop_cause=state.stop_cause,
-            output=state.output,
-            output_truncated=state.output_truncated,
+            output=state.output.text,
+            output_truncated=state.output.truncated,
             error=ending.error[:MAX_ERROR] if ending.error else None,
-            phase=state.phase,
+            phase=state.pending.phase,
             delivered_at=state.delivered_at,
             observed_at=state.observed_at,
             record=state.record,
-            notes=state.take_notes(),
+            notes=state.notes.take(),
         )
 
     def _finished(self, state: RunState, answer: Finished) -> None:
         """Redis answered the run's finish: it leaves the table."""
         self._runs.pop(state.run_id, None)
+        self._handles.pop(state.run_id, None)
         if not self._runs:
             self._empty.set()
         if answer.code is Code.FENCED:

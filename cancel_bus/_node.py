@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import logging
 
+from ._batcher import ScriptBatcher
 from ._caller import CallerSide
 from ._calls import ScriptCalls
 from ._duties import Duties, Duty
@@ -18,12 +19,16 @@ from ._local import LocalRuns
 from ._messages import MessageSigner
 from ._notices import Notices
 from ._outbox import Outbox
+from ._probe import ChannelProbe
 from ._reads import Reads
 from ._recovery import Recovery
 from ._redis import Topology, connect
+from ._scripts import ALL_SCRIPTS
 from ._selection import Selections
 from ._server import ServerCheck
 from ._state import Lifecycle
+from ._subscription import Subscription
+from ._sweep import Sweep
 from ._sync import RunSync
 from ._types import BusStats
 from ._waiters import Waiters
@@ -92,23 +97,31 @@ class Node:
             spawn=self.duties.spawn,
             profile_checkpoints=profile_checkpoints,
         )
+        self.probe = ChannelProbe(self.notices, self.lease, stats)
         self.inbox = Inbox(
-            topology=self.topology,
-            reads=self.reads,
-            notices=self.notices,
             lease=self.lease,
             signer=self._signer,
             local=self.local,
             waiters=self.waiters,
             stats=stats,
-            sweep_interval=sweep_interval,
+            probe_came_back=self.probe.came_back,
+        )
+        self.sweep = Sweep(self.reads, self.lease, self.local, self.waiters, stats, sweep_interval)
+        self.subscription = Subscription(
+            self.topology,
+            keys,
+            self.lease,
+            receive=self.inbox.receive,
+            confirmed=self.sweep.sweep,
         )
         self.recovery = Recovery(
             lease=self.lease,
             calls=self.calls,
             reads=self.reads,
             local=self.local,
-            inbox=self.inbox,
+            subscription=self.subscription,
+            sweep=self.sweep,
+            probe=self.probe,
             outbox=self.outbox,
             waiters=self.waiters,
             lifecycle=self.lifecycle,
@@ -135,7 +148,7 @@ class Node:
             problems.append(f"the bus is {self.lifecycle.phase}")
         if not self.lease.fresh:
             problems.append("its lease was not renewed within the last lease")
-        for problem in (self.inbox.problem, self.server.problem):
+        for problem in (self.subscription.problem or self.probe.problem, self.server.problem):
             if problem is not None:
                 problems.append(problem)
         return problems
@@ -153,7 +166,8 @@ class Node:
             self.lease.duty(),
             self.sync.duty(),
             self.outbox.duty(),
-            *self.inbox.duties(),
+            self.probe.duty(),
+            self.sweep.duty(),
             self.server.duty(self.lease.lease_ttl),
         ]
 
@@ -169,8 +183,8 @@ class Node:
         try:
             await self.lease.register(self.lease.node_id)
             registered = True
-            self.duties.add(self.inbox.subscription_duty())
-            await self.inbox.subscribe(timeout=max(5.0, self.lease.lease_ttl))
+            self.duties.add(self.subscription.duty())
+            await self.subscription.subscribe(timeout=max(5.0, self.lease.lease_ttl))
             await self.server.at_start()
         except BaseException:
             self.lease.stop()
@@ -220,13 +234,8 @@ class Node:
         notices = Notices(
             topology.client, self.keys, pub_command=topology.pub_command, signer=self._signer
         )
-        return ScriptCalls(
-            topology.client,
-            self.keys,
-            retention=retention,
-            notices=notices,
-            spawn=self.duties.spawn,
-        )
+        batches = ScriptBatcher(topology.client, ALL_SCRIPTS, self.duties.spawn)
+        return ScriptCalls(batches, self.keys, retention=retention, notices=notices)
 
     async def _close_clients(self) -> None:
         for topology in (self.topology, self._lease_topology):

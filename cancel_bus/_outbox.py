@@ -12,13 +12,11 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Awaitable, Callable
 
-from ._duties import Duty
+from ._duties import Duty, raise_if_cancelling
 from ._errors import BusUnavailable, CancelBusError
-from ._redis import backoff, raise_if_cancelling
-
-Write = Callable[[], Awaitable[None]]
+from ._ports import Write
+from ._redis import backoff
 
 
 class Outbox:

@@ -9,7 +9,11 @@ as JSON; a test holds every name the Lua files use to these definitions.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from enum import StrEnum
+
+from ._types import CancelMode, RunInfo, RunStatus, StopCause
 
 
 class Code(StrEnum):
@@ -147,3 +151,91 @@ class EventType(StrEnum):
     REASSERTED = "run.reasserted"
     LEAKED = "run.leaked"
     FINISHED = "run.finished"
+
+
+# -- the records of the calls: what a script is asked, and what it answered ------------------
+
+Record = dict[str, str]  # a run's record as stored: every value a string
+
+
+@dataclass(frozen=True, slots=True)
+class CancelOrder:
+    """What a cancel asks for: the run (``run:<id>``) or session (``session:...``) it targets,
+    its mode, reason, requester and cause; with ``tree``, every run started below it too."""
+
+    target: str
+    run_id: str | None
+    session: tuple[str, str, str] | None
+    mode: CancelMode
+    reason: str | None
+    requested_by: str | None
+    cause: StopCause
+    tree: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class CancelAnswer:
+    """What ``request_cancel`` answered: a code (an Outcome value, or ``recovering``), the run,
+    how many subscribers the cancel message reached (-1: none was sent, the caller is the
+    owner), the descendants, whether some were left out (``MAX_DESCENDANTS``, ``MAX_WALK``),
+    and how many of the tree's cancel messages no subscriber heard (the owners' sweeps deliver
+    them)."""
+
+    code: Code
+    run: RunInfo | None
+    receivers: int = -1
+    descendants: list[tuple[str, Code, RunInfo | None]] = field(default_factory=list)
+    truncated: bool = False
+    unheard: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Finish:
+    """A run's end, as its owner writes it. ``stop_cause``: why the node stopped the run without
+    a request, if it did; ``record`` (the run as the owner knows it) is read only if Redis lost
+    the run's record."""
+
+    run_id: str
+    node_id: str
+    epoch: str
+    status: RunStatus
+    stop_cause: StopCause | None
+    output: str
+    output_truncated: bool
+    error: str | None
+    phase: str | None
+    delivered_at: float | None
+    observed_at: float | None
+    record: Callable[[], Record]
+    notes: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Finished:
+    """What a finish answered: ``ok`` (``status``, ``end_reason`` as recorded), ``done`` (ended by
+    someone else) or ``fenced`` (the run is no longer this incarnation's)."""
+
+    code: Code
+    status: str = ""
+    end_reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class SyncItem:
+    """Owner-side updates of one active run, written together off the hot path."""
+
+    run_id: str
+    phase: str
+    delivered_at: str
+    relay: list[tuple[str, str, str]]
+    notes: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Reasserted:
+    """What re-asserting a run answered: ``ok`` (recorded as ours), ``recreated``, ``finished``
+    (``status``), ``foreign`` (``owner``) or ``fenced``."""
+
+    code: Code
+    status: str = ""
+    owner: str = ""

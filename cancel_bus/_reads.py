@@ -7,6 +7,7 @@ import json
 from collections.abc import Sequence
 from typing import Any, cast
 
+from ._filter import RunFilter, recency
 from ._keys import KeySpace
 from ._protocol import (
     ClockField,
@@ -24,7 +25,6 @@ from ._types import (
     NodeInfo,
     RunEvent,
     RunInfo,
-    StatusFilter,
     Tombstone,
 )
 
@@ -77,43 +77,24 @@ class Reads:
                 rows: list[dict[str, str]] = await pipe.execute()
         return [RunInfo.from_redis(row) for row in rows if row]
 
-    async def list_runs(
-        self,
-        status: StatusFilter,
-        node_id: str | None,
-        app_name: str | None,
-        user_id: str | None,
-        limit: int,
-    ) -> list[RunInfo]:
+    async def list_runs(self, wanted: RunFilter, limit: int) -> list[RunInfo]:
         """The most recent first: an active run by its creation, a finished one by its end.
         Reads the narrowest indexes, each up to ``limit`` matches, then merges them."""
         found: dict[str, RunInfo] = {}
-        for index in self._indexes_for(status, node_id):
-            for run in await self._matching(index, status, node_id, app_name, user_id, limit):
+        for index in self._indexes_for(wanted):
+            for run in await self._matching(index, wanted, limit):
                 seen = found.get(run.run_id)  # ended between two reads: its later record
-                if seen is None or _recency(run) > _recency(seen):
+                if seen is None or recency(run) > recency(seen):
                     found[run.run_id] = run
-        return sorted(found.values(), key=_recency, reverse=True)[:limit]
+        return sorted(found.values(), key=recency, reverse=True)[:limit]
 
-    async def _matching(
-        self,
-        index: str,
-        status: StatusFilter,
-        node_id: str | None,
-        app_name: str | None,
-        user_id: str | None,
-        limit: int,
-    ) -> list[RunInfo]:
+    async def _matching(self, index: str, wanted: RunFilter, limit: int) -> list[RunInfo]:
         """Up to ``limit`` runs of ``index`` that match, most recent first."""
-        if node_id is not None and index == self.keys.node_runs(node_id):
+        if wanted.node_id is not None and index == self.keys.node_runs(wanted.node_id):
             with translated("list_runs"):
                 members = cast(set[str], await self._redis.smembers(index))  # bounded: read whole
-            runs = [
-                r
-                for r in await self.get_runs(list(members))
-                if _matches(r, status, node_id, app_name, user_id)
-            ]
-            return sorted(runs, key=_recency, reverse=True)[:limit]
+            runs = [r for r in await self.get_runs(list(members)) if wanted.matches(r)]
+            return sorted(runs, key=recency, reverse=True)[:limit]
         found: list[RunInfo] = []
         offset = 0
         while len(found) < limit:
@@ -125,20 +106,17 @@ class Reads:
             if not ids:
                 break
             offset += len(ids)
-            found += [
-                r
-                for r in await self.get_runs(ids)
-                if _matches(r, status, node_id, app_name, user_id)
-            ]
+            found += [r for r in await self.get_runs(ids) if wanted.matches(r)]
         return found[:limit]
 
-    def _indexes_for(self, status: StatusFilter, node_id: str | None) -> list[str]:
+    def _indexes_for(self, wanted: RunFilter) -> list[str]:
         k = self.keys
-        if node_id is not None and (status == "active" or status in ACTIVE_STATUSES):
-            return [k.node_runs(node_id)]
-        if status == "active" or status in ACTIVE_STATUSES:
+        active = wanted.status == "active" or wanted.status in ACTIVE_STATUSES
+        if wanted.node_id is not None and active:
+            return [k.node_runs(wanted.node_id)]
+        if active:
             return [k.active]
-        if status == "all":
+        if wanted.status == "all":
             return [k.active, k.finished]
         return [k.finished]
 
@@ -264,30 +242,6 @@ def _event(entry_id: str, fields: dict[str, str]) -> RunEvent:
         type=fields.get(EntryField.TYPE, ""),
         at=float(fields.get(EntryField.AT, 0)),
         data=json.loads(fields.get(EntryField.DATA) or "{}"),
-    )
-
-
-def _recency(run: RunInfo) -> float:
-    """When the run last changed state (as its index orders it): its end, else its creation."""
-    return run.finished_at if run.finished_at is not None else run.created_at
-
-
-def _matches(
-    run: RunInfo,
-    status: StatusFilter,
-    node_id: str | None,
-    app_name: str | None,
-    user_id: str | None,
-) -> bool:
-    if status == "active":
-        if not run.is_active:
-            return False
-    elif status not in ("all", run.status):
-        return False
-    return (
-        (node_id is None or run.owner == node_id)
-        and (app_name is None or run.app_name == app_name)
-        and (user_id is None or run.user_id == user_id)
     )
 
 

@@ -19,18 +19,14 @@ import asyncio
 import contextlib
 import logging
 
-from ._calls import CancelOrder, Finish, ScriptCalls
-from ._duties import Spawn
+from ._calls import ScriptCalls
+from ._duties import Spawn, raise_if_cancelling
 from ._errors import BusClosed, BusUnavailable, CancelBusError, Fenced
-from ._inbox import Inbox
 from ._keys import new_node_id
-from ._lease import Lease
-from ._local import LocalRuns
 from ._messages import run_target
-from ._outbox import Outbox
-from ._protocol import Code
+from ._ports import Channel, Deferred, LeaseControl, Owner, SelfProbe, Sweeper
+from ._protocol import CancelOrder, Code, Finish
 from ._reads import Reads
-from ._redis import raise_if_cancelling
 from ._state import Lifecycle
 from ._timed import TimedMap
 from ._types import BusStats, CancelRequest, RunInfo, RunStatus, StopCause
@@ -43,12 +39,14 @@ class Recovery:
     def __init__(
         self,
         *,
-        lease: Lease,
+        lease: LeaseControl,
         calls: ScriptCalls,
         reads: Reads,
-        local: LocalRuns,
-        inbox: Inbox,
-        outbox: Outbox,
+        local: Owner,
+        subscription: Channel,
+        sweep: Sweeper,
+        probe: SelfProbe,
+        outbox: Deferred,
         waiters: Waiters,
         lifecycle: Lifecycle,
         stats: BusStats,
@@ -59,7 +57,9 @@ class Recovery:
         self._calls = calls
         self._reads = reads
         self._local = local
-        self._inbox = inbox
+        self._subscription = subscription
+        self._sweep = sweep
+        self._probe = probe
         self._outbox = outbox
         self._waiters = waiters
         self._lifecycle = lifecycle
@@ -125,14 +125,14 @@ class Recovery:
             except BusUnavailable as exc:
                 log.warning("cancel-bus: re-assertion incomplete, retrying next beat: %s", exc)
                 return
-        await self._inbox.sweep()
+        await self._sweep.sweep()
 
     def count_reaped(self, runs: int, nodes: int) -> None:
         self._stats.runs_reaped += runs
         self._stats.nodes_reaped += nodes
 
     def probe_back(self) -> tuple[float, float] | None:
-        return self._inbox.probe_back
+        return self._probe.probe_back
 
     # -- internals ----------------------------------------------------------------------------
 
@@ -149,7 +149,7 @@ class Recovery:
                     await asyncio.sleep(self._lease.interval)
                     continue
                 if node_id != old_id:
-                    await self._inbox.subscribe(timeout=max(5.0, self._lease.lease_ttl))
+                    await self._subscription.subscribe(timeout=max(5.0, self._lease.lease_ttl))
                 for run_id in self._waiters.run_ids():
                     with contextlib.suppress(BusUnavailable):
                         await self._calls.add_waiter(run_id, node_id)

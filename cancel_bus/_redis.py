@@ -61,8 +61,6 @@ from ._errors import BusMisconfigured, BusUnavailable, CancelBusError, InvalidAr
 T = TypeVar("T")
 Client = Redis | RedisCluster  # a command client, of one server or a cluster
 Script = AsyncScript  # a registered Lua script (EVALSHA, loaded again after NOSCRIPT)
-Backoff = AbstractBackoff  # how long to rest after failures in a row (redis-py's classes)
-
 RETRYABLE: tuple[type[Exception], ...] = (
     RedisConnectionError,
     RedisTimeoutError,
@@ -85,7 +83,7 @@ _CERT_REQS = ("none", "optional", "required")
 CLUSTER_NEEDS = (8, 0)  # redis-py's asyncio PubSub has ssubscribe from 8.0 on
 
 
-def backoff(base: float, cap: float) -> Backoff:
+def backoff(base: float, cap: float) -> AbstractBackoff:
     """Jittered exponential: a rest of up to ``base * 2**failures``, at most ``cap`` seconds."""
     return ExponentialWithJitterBackoff(cap=cap, base=base)
 
@@ -388,12 +386,3 @@ def is_closed_transport(exc: BaseException) -> bool:
     """uvloop reports a write on a connection the peer reset as a RuntimeError, not an OSError
     (MagicStack/uvloop#506); redis-py has already discarded the connection when it surfaces."""
     return isinstance(exc, RuntimeError) and "handler is closed" in str(exc)
-
-
-def raise_if_cancelling() -> None:
-    """For a loop that carries on after errors: stop if the task is being cancelled. A library
-    may surface a cancellation as an error (a timeout context that saw it); going on would make
-    the task impossible to cancel."""
-    task = asyncio.current_task()
-    if task is not None and task.cancelling():
-        raise asyncio.CancelledError

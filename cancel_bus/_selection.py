@@ -14,10 +14,11 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from ._caller import CallerSide
-from ._calls import CancelOrder, ScriptCalls
+from ._calls import ScriptCalls
 from ._errors import InvalidArgument
 from ._messages import run_target
+from ._ports import Canceller
+from ._protocol import CancelOrder
 from ._reads import Reads
 from ._types import CancelMode, SelectorResult, StopCause, Tombstone
 
@@ -28,7 +29,7 @@ class Selections:
     """Selector cancels and tombstones; each matched run's cancel is the caller side's."""
 
     def __init__(
-        self, calls: ScriptCalls, reads: Reads, caller: CallerSide, clock: Callable[[], float]
+        self, calls: ScriptCalls, reads: Reads, caller: Canceller, clock: Callable[[], float]
     ) -> None:
         self._calls = calls
         self._reads = reads

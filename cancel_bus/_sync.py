@@ -12,12 +12,13 @@ from __future__ import annotations
 import asyncio
 import math
 
-from ._calls import ScriptCalls, SyncItem
+from ._calls import ScriptCalls
 from ._duties import Duty
 from ._errors import BusUnavailable, CancelBusError
-from ._lease import Lease
+from ._ports import Identified
+from ._protocol import SyncItem
 from ._redis import backoff
-from ._run import RunState
+from ._run_state import RunState
 from ._types import BusStats
 
 MAX_PENDING_RELAY = 10_000
@@ -25,7 +26,7 @@ DELIVERY_LINGER = 0.1  # seconds a delivery time waits for the run's finish to c
 
 
 class RunSync:
-    def __init__(self, calls: ScriptCalls, lease: Lease, stats: BusStats) -> None:
+    def __init__(self, calls: ScriptCalls, lease: Identified, stats: BusStats) -> None:
         self._calls = calls
         self._lease = lease
         self._stats = stats
@@ -36,9 +37,9 @@ class RunSync:
 
     def mark(self, state: RunState) -> None:
         self._dirty[state.run_id] = state
-        overflow = len(state.pending_relay) - MAX_PENDING_RELAY
+        overflow = len(state.pending.relay) - MAX_PENDING_RELAY
         if overflow > 0:
-            del state.pending_relay[:overflow]
+            del state.pending.relay[:overflow]
             self._stats.relay_dropped += overflow
         self.wake.set()
 
@@ -60,7 +61,7 @@ class RunSync:
                 self._dirty.pop(state.run_id, None)
                 relayed.append(state)
             else:
-                state.phase_dirty = state.delivery_dirty = False
+                state.pending.clear()
         if relayed:
             await self._write(relayed)
 

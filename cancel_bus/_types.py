@@ -15,6 +15,8 @@ from pydantic import BaseModel, ConfigDict, computed_field
 
 
 class RunStatus(StrEnum):
+    """Where a run is in its life: active (queued, running, waiting) or ended."""
+
     QUEUED = "queued"
     RUNNING = "running"
     WAITING = "waiting"
@@ -24,15 +26,17 @@ class RunStatus(StrEnum):
 
     @property
     def is_active(self) -> bool:
+        """Not ended yet: queued, running or waiting."""
         return self in ACTIVE_STATUSES
 
     @property
     def is_terminal(self) -> bool:
+        """Ended: the status will not change again."""
         return not self.is_active
 
 
 ACTIVE_STATUSES = frozenset({RunStatus.QUEUED, RunStatus.RUNNING, RunStatus.WAITING})
-StatusFilter = RunStatus | Literal["active", "all"]  # which runs a listing shows
+StatusFilter = RunStatus | Literal["active", "finished", "all"]  # which runs a list shows
 
 
 class CancelMode(StrEnum):
@@ -44,6 +48,7 @@ class CancelMode(StrEnum):
 
     @property
     def strength(self) -> int:
+        """How hard the mode stops a run: a stronger request escalates a weaker one."""
         return _MODE_STRENGTH[self]
 
 
@@ -74,6 +79,7 @@ class StopCause(StrEnum):
 
     @property
     def is_request(self) -> bool:
+        """The run stopped because someone asked (not because its node went away)."""
         return self in REQUEST_CAUSES
 
 
@@ -132,6 +138,7 @@ class RunInfo(BaseModel):
 
     @property
     def is_active(self) -> bool:
+        """Its status is active."""
         return self.status.is_active
 
     @computed_field  # type: ignore[prop-decorator]
@@ -142,6 +149,7 @@ class RunInfo(BaseModel):
 
     @property
     def cancel_request(self) -> CancelRequest | None:
+        """The cancel recorded for the run, if one was."""
         if self.cancel_requested_at is None or self.cancel_mode is None:
             return None
         return CancelRequest(
@@ -211,6 +219,8 @@ class SelectorResult(BaseModel):
 
 
 class NodeInfo(BaseModel):
+    """A node as Redis records it: its id, epoch, runs and lease."""
+
     model_config = ConfigDict(frozen=True)
 
     node_id: str

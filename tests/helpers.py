@@ -8,11 +8,13 @@ from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
 from cancel_bus import CancelBus, RunHandle
+from cancel_bus._batcher import ScriptBatcher
 from cancel_bus._calls import ScriptCalls
 from cancel_bus._keys import KeySpace
 from cancel_bus._messages import MessageSigner
 from cancel_bus._notices import Notices
 from cancel_bus._redis import Client
+from cancel_bus._scripts import ALL_SCRIPTS
 
 from .faultproxy import FaultProxy
 
@@ -30,7 +32,8 @@ def calls_on(redis: Client, namespace: str, retention: float = 3600) -> ScriptCa
     keys = KeySpace(namespace)
     signer = MessageSigner(namespace, [], time.time)
     notices = Notices(redis, keys, pub_command="PUBLISH", signer=signer)
-    return ScriptCalls(redis, keys, retention=retention, notices=notices, spawn=spawn)
+    batches = ScriptBatcher(redis, ALL_SCRIPTS, spawn)
+    return ScriptCalls(batches, keys, retention=retention, notices=notices)
 
 
 class LoopingRun:

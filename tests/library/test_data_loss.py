@@ -54,11 +54,11 @@ async def test_accepted_cancel_and_waiter_survive_data_loss(
     ids = [run.run_id]
     # The cancel is accepted but not yet delivered when Redis forgets everything: make the
     # owner miss the message by stopping its listener first.
-    a._node.inbox.unsubscribe()
+    a._node.subscription.unsubscribe()
     waiter = asyncio.create_task(b.cancel(ids[0], timeout=3 * LEASE + 5))
     await eventually(lambda: _is_stopping(b, ids[0]))
     own_server.restart()
-    await a._node.inbox.subscribe(timeout=WAIT)  # the owner's subscriber comes back
+    await a._node.subscription.subscribe(timeout=WAIT)  # the owner's subscriber comes back
 
     async def redelivered() -> bool:
         return run.handle is not None and run.handle.cancel_requested is not None

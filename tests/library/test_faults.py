@@ -73,7 +73,7 @@ async def test_every_forced_disconnect_of_the_subscriber_is_counted(
 
 
 async def _reconnected(bus: CancelBus, times: int) -> bool:
-    return bus.pubsub_reconnects >= times and bus._node.inbox.connected
+    return bus.pubsub_reconnects >= times and bus._node.subscription.connected
 
 
 async def test_periodic_sweep_delivers_a_cancel_whose_message_was_lost(

@@ -57,10 +57,12 @@ def test_redis_exceptions_are_imported_only_at_the_translation_boundary() -> Non
         for node in ast.walk(tree):
             if isinstance(node, ast.ImportFrom) and node.module == "redis.exceptions":
                 importers.add(path.name)
-    assert importers <= {"_redis.py", "_inbox.py"}
+    assert importers == {"_redis.py"}
 
 
 def test_all_errors_live_in_one_module() -> None:
+    """Every error is defined in ``_errors.py``, except what a run's checkpoint raises, which
+    carries the request (``_run_state.py``): the error module imports nothing."""
     for path in PACKAGE.rglob("*.py"):
         if path.name == "_errors.py":
             continue
@@ -68,6 +70,8 @@ def test_all_errors_live_in_one_module() -> None:
         for node in ast.walk(tree):
             if isinstance(node, ast.ClassDef):
                 bases = {getattr(b, "id", getattr(b, "attr", "")) for b in node.bases}
+                if (path.name, node.name) == ("_run_state.py", "RunCancelled"):
+                    continue
                 assert not bases & {"Exception", "CancelBusError", "ValueError"}, (path, node.name)
 
 

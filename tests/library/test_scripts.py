@@ -17,9 +17,9 @@ import redis.asyncio as aioredis
 
 from cancel_bus import Fenced, RunCancelled, RunExists, SessionBusy
 from cancel_bus._batcher import MAX_CALLS, MAX_IN_FLIGHT, ScriptBatcher, _Call
-from cancel_bus._calls import CancelOrder, Finish, Finished, Reasserted, ScriptCalls, SyncItem
+from cancel_bus._calls import ScriptCalls
 from cancel_bus._keys import ACL_COMMANDS, KEY_TEMPLATES, KeySpace
-from cancel_bus._protocol import Code
+from cancel_bus._protocol import CancelOrder, Code, Finish, Finished, Reasserted, SyncItem
 from cancel_bus._reads import Reads
 from cancel_bus._scripts import (
     ALL_SCRIPTS,

@@ -155,7 +155,7 @@ async def test_every_message_a_node_sends_passes_its_own_checks(
 
 async def _probed(bus: CancelBus, times: int) -> bool:
     node = next(n for n in await bus.list_nodes() if n.node_id == bus.node_id)
-    return node.probe_at is not None and bus._node.inbox.probes_back >= times
+    return node.probe_at is not None and bus._node.probe.probes_back >= times
 
 
 def test_a_message_may_not_use_the_seal_fields() -> None:

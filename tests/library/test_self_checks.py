@@ -115,11 +115,11 @@ async def test_a_node_whose_channel_goes_silent_turns_unready_within_a_probe_int
         return stale, False  # connected, subscribed, answering pings: on the wrong server
 
     topology = SimpleNamespace(subscriber=misdirected, cluster=False)
-    monkeypatch.setattr(a._node.inbox, "_topology", topology)
-    a._node.inbox.unsubscribe()  # its subscription is lost...
-    await a._node.inbox.subscribe(timeout=WAIT)  # ... and made again where nothing arrives
-    assert a._node.inbox.connected  # connected, subscribed: everything looks fine but the probes
-    async with asyncio.timeout(3 * a._node.inbox.probe_interval + 1):
+    monkeypatch.setattr(a._node.subscription, "_topology", topology)
+    a._node.subscription.unsubscribe()  # its subscription is lost...
+    await a._node.subscription.subscribe(timeout=WAIT)  # ... and made again where nothing arrives
+    assert a._node.subscription.connected  # all looks fine, but the probes
+    async with asyncio.timeout(3 * a._node.probe.interval + 1):
         while a.ready:
             await asyncio.sleep(0.02)
     assert any("silent" in problem for problem in a.problems)
@@ -201,8 +201,8 @@ async def test_a_sweep_started_by_a_subscription_ends_with_the_bus(
         return {}
 
     monkeypatch.setattr(Reads, "pending_cancels", slow)
-    bus._node.inbox.unsubscribe()
-    await bus._node.inbox.subscribe(timeout=WAIT)  # subscribed again: it sweeps at once
+    bus._node.subscription.unsubscribe()
+    await bus._node.subscription.subscribe(timeout=WAIT)  # subscribed again: it sweeps at once
     await asyncio.wait_for(entered.wait(), WAIT)
     sweeping = [t for t in asyncio.all_tasks() if t.get_name() == "cancel-bus subscription"]
     assert len(sweeping) == 1  # the sweep runs in the subscription's task, before it listens
