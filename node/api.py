@@ -92,6 +92,7 @@ CANCEL_ANSWERS: Responses = {
 
 
 async def node_of(request: Request) -> NodeService:
+    """The app's :class:`NodeService` (the ``Node`` dependency of every route)."""
     node: NodeService = request.app.state.node
     return node
 

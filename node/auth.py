@@ -16,18 +16,24 @@ from .settings import TokenGrant
 
 @dataclass(frozen=True, slots=True)
 class Principal:
+    """Who a request comes from: ``ops`` sees and cancels everything, ``user`` only the runs of
+    ``user_id``; ``name`` is recorded as who asked for a cancel."""
+
     role: Literal["ops", "user"]
     user_id: str | None
     name: str
 
     @property
     def is_ops(self) -> bool:
+        """An ops principal: every run, node and tombstone."""
         return self.role == "ops"
 
     def may_see(self, run: RunInfo) -> bool:
+        """Whether it may see (and cancel) the run: ops, or the run is its user's."""
         return self.is_ops or run.user_id == self.user_id
 
     def may_act_for(self, user_id: str) -> bool:
+        """Whether it may start or cancel runs as ``user_id``: ops, or its own user."""
         return self.is_ops or user_id == self.user_id
 
     def may_manage(self, tombstone: Tombstone) -> bool:
@@ -49,6 +55,7 @@ class TokenTable:
 
     @property
     def enabled(self) -> bool:
+        """Tokens are configured; without any, auth is off (everyone is ops)."""
         return bool(self._tokens)
 
     def principal(self, token: str | None) -> Principal | None:
@@ -77,6 +84,8 @@ Credentials = Annotated[HTTPAuthorizationCredentials | None, Security(BEARER)]
 
 
 async def authenticate(request: Request, credentials: Credentials) -> Principal:
+    """The request's :class:`Principal`, from its bearer token; HTTP 401 if the token is missing or
+    unknown (auth on)."""
     table: TokenTable = request.app.state.tokens
     principal = table.principal(credentials.credentials if credentials else None)
     if principal is None:
@@ -89,6 +98,7 @@ async def authenticate(request: Request, credentials: Credentials) -> Principal:
 
 
 async def require_ops(principal: Annotated[Principal, Depends(authenticate)]) -> Principal:
+    """The request's principal if it is ops; else HTTP 403."""
     if not principal.is_ops:
         raise HTTPException(status_code=403, detail="this needs an ops token")
     return principal

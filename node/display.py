@@ -57,6 +57,7 @@ def span(seconds: float) -> str:
 
 
 def ago(at: float, now: float) -> str:
+    """``5 min ago``: the :func:`span` from ``at`` to ``now`` (0 if ``at`` is later)."""
     return f"{span(max(0.0, now - at))} ago"
 
 
@@ -99,6 +100,8 @@ def jsonable(value: BaseModel | Sequence[BaseModel] | Mapping[str, Any]) -> Any:
 
 
 def json_text(value: BaseModel | Sequence[BaseModel] | Mapping[str, Any], indent: int = 2) -> str:
+    """Models (or lists, or dicts of them) as indented JSON, times in ISO 8601: what ``--json``
+    prints."""
     return json.dumps(with_iso_times(jsonable(value)), indent=indent)
 
 
@@ -112,6 +115,7 @@ def status_of(run: RunInfo) -> str:
 
 
 def session_of(run: RunInfo) -> str:
+    """``app / user / session``, the parts the run has; ``-`` if none."""
     parts = (run.app_name, run.user_id, run.session_id)
     return " / ".join(part for part in parts if part) or "-"
 
@@ -224,6 +228,7 @@ def selector_of(selector: Mapping[str, Any]) -> str:
 
 
 def tombstones_table(tombstones: Sequence[Tombstone], now: float, width: int) -> RenderableType:
+    """Full tombstone ids, the runs each holds, mode, who laid it, reason, when it expires."""
     headers = ["tombstone", "holds runs of", "mode", "by", "reason", "expires"]
     rows = [
         [

@@ -61,6 +61,7 @@ def die_with_parent() -> Callable[[], None] | None:
 
 
 def free_port() -> int:
+    """A TCP port of 127.0.0.1 free now (the OS's choice; nothing keeps it free)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
@@ -90,13 +91,18 @@ class EmbeddedServer:
 
     @property
     def url(self) -> str:
+        """The server's Redis URL (database 0)."""
         return f"redis://127.0.0.1:{self.port}/0"
 
     @property
     def log_path(self) -> Path:
+        """Where the server writes its log: in its data dir."""
         return self.data_dir / "server.log"
 
     def args(self) -> list[str]:
+        """The server's command line: on 127.0.0.1 only, in protected mode, logging to
+        :attr:`log_path`, no append-only file; snapshots (``--save 60 1``) only in a data dir of
+        the caller's; then ``extra_args``."""
         persistent = not self._owned_dir
         return [
             self.binary,
@@ -118,6 +124,9 @@ class EmbeddedServer:
         ]
 
     def start(self, timeout: float = 10.0) -> EmbeddedServer:
+        """Start the server and wait until it answers PING; returns itself. Raises
+        :class:`ServerError` if it exits, or does not answer within ``timeout`` seconds (it is
+        killed then)."""
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.process = subprocess.Popen(
             self.args(),
@@ -149,6 +158,7 @@ class EmbeddedServer:
         return None if self.process is None else self.process.poll()
 
     def ping(self) -> bool:
+        """Whether the server answers PING within half a second."""
         try:
             with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as sock:
                 sock.sendall(b"PING\r\n")
@@ -167,15 +177,18 @@ class EmbeddedServer:
             self.kill()
 
     def kill(self) -> None:
+        """SIGKILL the server, if it runs, and wait for it to exit."""
         if self.process is not None and self.process.poll() is None:
             self.process.kill()
             self.process.wait()
 
     def pause(self) -> None:
+        """SIGSTOP the server: it holds its port and answers nothing until :meth:`resume`."""
         if self.process is not None:
             self.process.send_signal(signal.SIGSTOP)
 
     def resume(self) -> None:
+        """SIGCONT the server :meth:`pause` stopped."""
         if self.process is not None:
             self.process.send_signal(signal.SIGCONT)
 
@@ -185,6 +198,7 @@ class EmbeddedServer:
         self.start(timeout)
 
     def cleanup(self) -> None:
+        """Kill the server, close its stderr, and remove its data dir if it made one."""
         self.kill()
         if self.process is not None and self.process.stderr is not None:
             self.process.stderr.close()

@@ -24,6 +24,8 @@ NODE_EXTRA = frozenset(
 
 
 def main() -> None:
+    """Run the CLI and exit with its code; without the ``[node]`` extra, exit with a line that says
+    how to install it."""
     try:
         from node.cli import main as cli  # noqa: PLC0415 - the extra may be missing
     except ModuleNotFoundError as exc:

@@ -130,6 +130,10 @@ _HTTP_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 
 
 
 class Metrics:
+    """The node's Prometheus metrics, in a registry of its own: the process's, cancels and their
+    latency, runs, HTTP requests, streams, the event loop's tasks, and the buses' counters
+    (:meth:`watch`)."""
+
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         for collector in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
@@ -200,6 +204,8 @@ class Metrics:
         self.tasks.set_function(lambda: len(asyncio.all_tasks(loop)))
 
     def observe_cancel(self, namespace: str, result: CancelResult) -> None:
+        """Count a cancel the API answered, by outcome; for a run that ended, observe the time from
+        the request to each phase (delivered, observed, finished)."""
         self.cancels.labels(namespace, result.outcome.value).inc()
         run = result.run
         if run is None or run.cancel_requested_at is None or run.is_active:
@@ -224,6 +230,7 @@ class Metrics:
             )
 
     def render(self) -> bytes:
+        """The registry in Prometheus's text format."""
         return generate_latest(self.registry)
 
 

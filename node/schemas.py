@@ -28,6 +28,8 @@ LATEST = 4e9  # seconds since the epoch (in 2096): a time beyond is a mistake
 
 
 class ToolSpec(BaseModel):
+    """A tool the simulated agent calls: its name, and how long the call takes."""
+
     model_config = STRICT
 
     name: str = Field(pattern=ID_PATTERN, max_length=64)
@@ -46,6 +48,9 @@ class AgentSpec(BaseModel):
 
 
 class StartRun(BaseModel):
+    """A run to start on this node: its session, its id (else a new one), its parent, and the
+    simulated agent it runs."""
+
     model_config = STRICT
 
     app_name: str = Id
@@ -63,6 +68,9 @@ class StartRun(BaseModel):
 
 
 class CancelBody(BaseModel):
+    """How to cancel: the mode, a reason recorded with the run, and whether to wait (up to
+    ``timeout`` seconds) for the run to stop."""
+
     model_config = STRICT
 
     mode: CancelMode = CancelMode.CHECKPOINT
@@ -81,6 +89,7 @@ class CancelOutcome(BaseModel):
 
     @classmethod
     def of(cls, result: CancelResult) -> CancelOutcome:
+        """The answer of the library's :class:`CancelResult`."""
         return cls(outcome=result.outcome, run=result.run)
 
 
@@ -100,6 +109,7 @@ class CancelAnswer(CancelOutcome):
 
     @classmethod
     def of(cls, result: CancelResult) -> CancelAnswer:
+        """The answer of the library's :class:`CancelResult`, with its runs below."""
         return cls(
             outcome=result.outcome,
             run=result.run,
@@ -189,6 +199,8 @@ class RunOutcome(BaseModel):
 
     @classmethod
     def of(cls, result: CancelResult, run_id: str | None = None) -> RunOutcome:
+        """The answer of the library's :class:`CancelResult`; ``run_id`` names the run if its record
+        is gone."""
         return cls(**_outcome_fields(result, run_id))
 
 
@@ -199,6 +211,8 @@ class SelectedRun(RunOutcome):
 
     @classmethod
     def of(cls, result: CancelResult, run_id: str | None = None) -> SelectedRun:
+        """The answer of the library's :class:`CancelResult`, with its runs below; ``run_id`` names
+        the run if its record is gone."""
         below = [RunOutcome.of(descendant) for descendant in result.descendants]
         return cls(**_outcome_fields(result, run_id), descendants=below)
 
@@ -219,6 +233,9 @@ def _outcome_fields(result: CancelResult, run_id: str | None) -> dict[str, Any]:
 
 
 class SelectorAnswer(BaseModel):
+    """The answer to a selector cancel: the active runs that matched, their cancels (none on a dry
+    run), and the tombstones laid."""
+
     matched: int = Field(description="active runs that matched")
     run_ids: list[str]
     dry_run: bool
@@ -230,11 +247,15 @@ class SelectorAnswer(BaseModel):
 
 
 class TombstoneList(BaseModel):
+    """The live tombstones: every one for an ops token, those it laid for a user token."""
+
     tombstones: list[Tombstone] = Field(description="the live tombstones, soonest to expire first")
     at: float = Field(description="now, on the Redis server clock the timestamps use")
 
 
 class RunList(BaseModel):
+    """A page of runs, the most recent first."""
+
     runs: list[RunInfo]
     more: bool = Field(description="more runs match beyond this page (see offset)")
     at: float = Field(description="now, on the Redis server clock the timestamps use")
@@ -251,6 +272,7 @@ class NodeView(NodeInfo):
 
     @classmethod
     def of(cls, node: NodeInfo, now: float) -> NodeView:
+        """The node, with the state of its lease at ``now`` (the server clock)."""
         lease = max(node.lease_expires_at - node.last_heartbeat, 0.0)
         heartbeat_age = max(now - node.last_heartbeat, 0.0)
         lease_left = node.lease_expires_at - now
@@ -268,11 +290,15 @@ class NodeView(NodeInfo):
 
 
 class NodeList(BaseModel):
+    """The live nodes and their leases, by node id."""
+
     nodes: list[NodeView]
     at: float = Field(description="now, on the Redis server clock the timestamps use")
 
 
 class EventList(BaseModel):
+    """A run's recorded events."""
+
     events: list[RunEvent]
     at: float = Field(description="now, on the Redis server clock the timestamps use")
 
@@ -284,6 +310,8 @@ class Problem(BaseModel):
 
 
 class FieldError(BaseModel):
+    """One field of a request that is wrong: where it is, and what is wrong with it."""
+
     loc: list[str | int] = Field(description="where: body, query or path, then the field")
     msg: str
     type: str
@@ -296,11 +324,16 @@ class ValidationProblem(Problem):
 
 
 class Health(BaseModel):
+    """Liveness: ``ok``, or ``failing`` with the problem (the embedded server is down)."""
+
     status: Literal["ok", "failing"]
     problem: str | None = None
 
 
 class Readiness(BaseModel):
+    """Whether the node takes traffic, the problems that keep it from it, and the risks it runs
+    with (``warnings``)."""
+
     ready: bool
     node_id: str
     problems: list[str]

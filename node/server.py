@@ -68,6 +68,7 @@ class DrainingServer(uvicorn.Server):
         super().run(sockets=sockets)
 
     async def serve(self, sockets: list[socket.socket] | None = None) -> None:
+        """uvicorn's serve, its event loop noted first: :meth:`handle_exit` hands signals to it."""
         self._loop = asyncio.get_running_loop()
         await super().serve(sockets=sockets)
 

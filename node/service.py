@@ -61,9 +61,11 @@ class NodeService:
 
     @property
     def buses(self) -> list[CancelBus]:
+        """The buses, one per namespace, the default namespace's first."""
         return list(self._buses.values())
 
     def bus_for_app(self, app_name: str) -> CancelBus:
+        """The bus of the app's namespace (``app_namespaces``, else the default)."""
         namespace = self.settings.app_namespaces.get(app_name, self.settings.namespace)
         return self._buses[namespace]
 
@@ -111,6 +113,7 @@ class NodeService:
 
     @property
     def draining(self) -> bool:
+        """The drain has started: readiness fails, new runs are refused."""
         return self.drain_started.is_set()
 
     async def drain(self) -> None:
@@ -153,6 +156,7 @@ class NodeService:
         await asyncio.gather(ended, stop, return_exceptions=True)
 
     async def stop(self) -> None:
+        """Drain, then cancel the node's tasks still going, and stop the embedded server."""
         await self.drain()
         for task in list(self._tasks | self._runs):
             task.cancel()
@@ -242,6 +246,7 @@ class NodeService:
     async def cancel(
         self, bus: CancelBus, run_id: str, body: CancelBody, requested_by: str
     ) -> CancelResult:
+        """Cancel the run, on its namespace's bus, as ``body`` asks; counted in the metrics."""
         result = await bus.cancel(
             run_id,
             mode=body.mode,
@@ -256,6 +261,8 @@ class NodeService:
     async def cancel_session(
         self, session: tuple[str, str, str], body: CancelBody, requested_by: str
     ) -> CancelResult:
+        """Cancel the session's active run, on its app's bus, as ``body`` asks; counted in the
+        metrics."""
         bus = self.bus_for_app(session[0])
         result = await bus.cancel_session(
             *session,

@@ -44,6 +44,8 @@ class TokenGrant(BaseModel):
 
 
 class Settings(BaseSettings):
+    """The node's settings, read from the ``CANCEL_BUS_*`` environment variables."""
+
     model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore")
 
     redis_url: str | None = Field(
@@ -227,6 +229,8 @@ class Settings(BaseSettings):
         )
 
     def state_dir(self) -> Path:
+        """Where the node keeps its state: ``data_dir``, else ``$XDG_STATE_HOME/cancel-bus`` (by
+        default ``~/.local/state/cancel-bus``)."""
         if self.data_dir is not None:
             return self.data_dir
         base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")

@@ -35,6 +35,7 @@ class EmbeddedSupervisor:
 
     @property
     def data_dir(self) -> Path:
+        """The embedded server's data dir: ``redis`` in the node's state dir."""
         return self._settings.state_dir() / "redis"
 
     def claim_data_dir(self) -> None:

@@ -62,6 +62,7 @@ class Execution:
 
     @property
     def run(self) -> RunHandle:
+        """The execution's bus run, set once :meth:`TaskRuns.executing` entered it."""
         assert self._run is not None
         return self._run
 
@@ -77,6 +78,8 @@ def task_session(task_id: str) -> tuple[str, str, str]:
 
 
 def verdict(result: CancelResult) -> Verdict:
+    """What the bus's answer to a task's cancel says: the run is stopping, its replica was lost, no
+    run was found (idle), or it ended."""
     run = result.run
     if result.outcome is Outcome.STOPPING:
         return Verdict.STOPPING

@@ -81,6 +81,9 @@ class Turns:
     last_event: Any = None
 
     def track(self, event: Any) -> None:
+        """Follow one event of the stream: a partial event's text is kept and the turn goes on; a
+        whole event drops that text and, if it has content, ends the turn when no function call
+        asked for is left unanswered."""
         self.last_event = event
         if event.partial:
             self.partial.append(event_text(event))

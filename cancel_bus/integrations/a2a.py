@@ -148,14 +148,18 @@ class BusTaskStore(TaskStore):
         self._save = self._redis.register_script(_SAVE)
 
     async def save(self, task: Task, context: ServerCallContext | None = None) -> None:
+        """Store the task for ``ttl`` seconds (one script call), unless the stored one is terminal
+        in another state: a late save never undoes a terminal state."""
         args = [task.status.state.value, task.model_dump_json(), self._ttl_ms]
         await self._save(keys=[self._prefix + task.id], args=[*args, *_TERMINAL_VALUES])
 
     async def get(self, task_id: str, context: ServerCallContext | None = None) -> Task | None:
+        """The stored task; None if it was never stored, or expired."""
         raw = cast(str | None, await self._redis.hget(self._prefix + task_id, "task"))
         return Task.model_validate_json(raw) if raw is not None else None
 
     async def delete(self, task_id: str, context: ServerCallContext | None = None) -> None:
+        """Remove the stored task."""
         await self._redis.delete(self._prefix + task_id)
 
 
@@ -185,6 +189,11 @@ class BusRequestHandler(DefaultRequestHandler):
     async def on_cancel_task(
         self, params: TaskIdParams, context: ServerCallContext | None = None
     ) -> Task | None:
+        """``tasks/cancel`` on any replica: cancels the bus run of the task's execution wherever it
+        runs, and answers the task ``canceled`` once it stopped, or ``working`` with a status
+        message if it did not stop within ``cancel_timeout``. A task with no execution, or whose
+        replica was lost, is stored ``canceled`` here; one that ended otherwise raises
+        ``TaskNotCancelableError``."""
         task = await self._stored(params.id, context)
         if task.status.state is TaskState.canceled:
             return task

@@ -153,6 +153,11 @@ class BusRequestHandler(DefaultRequestHandlerV2):
     async def on_cancel_task(
         self, params: CancelTaskRequest, context: ServerCallContext
     ) -> Task | None:
+        """``CancelTask`` on any replica: cancels the bus run of the task's execution wherever it
+        runs, and answers the task ``CANCELED`` once it stopped, or ``WORKING`` with a status
+        message if it did not stop within ``cancel_timeout``. A task with no execution, or whose
+        replica was lost, is stored ``CANCELED`` here; one that ended otherwise raises
+        ``TaskNotCancelableError``."""
         task = await self._stored(params.id, context)
         if task.status.state == CANCELED:
             return task

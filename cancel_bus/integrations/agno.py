@@ -33,8 +33,8 @@ import inspect
 import sys
 import threading
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
-from contextlib import AbstractAsyncContextManager, suppress
-from dataclasses import dataclass, field
+from contextlib import suppress
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import agno.run.cancel as _cancel
@@ -43,17 +43,9 @@ from agno.models.base import Model
 from agno.run.base import RunStatus
 from agno.run.cancellation_management.base import BaseRunCancellationManager
 
-from cancel_bus import (
-    CancelBus,
-    CancelMode,
-    CancelRequest,
-    CancelResult,
-    Outcome,
-    RunCancelled,
-    RunExists,
-    RunHandle,
-)
+from cancel_bus import CancelBus, CancelResult, Outcome, RunCancelled, RunExists
 
+from ._agno_run import AgnoRun
 from ._sessions import bus_id
 
 __all__ = ["SUPPORTED", "BusRunCancellationManager", "install", "uninstall"]
@@ -92,67 +84,26 @@ _ORIGINALS = {name: getattr(Model, name) for name in _REQUESTS}
 _INSTALL_LOCK = threading.Lock()
 
 
-@dataclass(eq=False)
-class _Run:
-    """One agno run on this node: its bus scope (None if it was cancelled before it started),
-    and what its checks saw."""
-
-    agno_id: str
-    bus_run_id: str
-    scope: AbstractAsyncContextManager[RunHandle] | None
-    handle: RunHandle | None
-    observed: RunCancelled | None = None
-    task: asyncio.Task[Any] | None = None  # the task of its last async check
-    interrupted: asyncio.Task[Any] | None = None  # the task an immediate cancel interrupted
-    ending: bool = False
-    members: set[str] = field(default_factory=set)
-    response: Any = None  # agno's RunOutput / TeamRunOutput, seen at a model request
-
-    def stopping(self, boundary: bool = False) -> bool:
-        """The hot path: True once a cancel reached the run (attribute tests); ``after_turn``
-        only at a ``boundary``."""
-        if self.handle is None:
-            return True
-        try:
-            if boundary:
-                self.handle.turn_boundary()
-            else:
-                self.handle.checkpoint()
-        except RunCancelled as exc:
-            self.observed = self.observed or exc
-            return True
-        return False
-
-    def interrupt(self, request: CancelRequest) -> None:
-        """An ``immediate`` cancel (a bus callback): cancel the task of its last async check."""
-        task = self.task
-        if request.mode is not CancelMode.IMMEDIATE or task is None or task.done():
-            return
-        if self.interrupted is None and not self.ending:
-            self.interrupted = task
-            message = f"cancel-bus: run {self.agno_id} cancelled (immediate)"
-            if task.get_loop() is asyncio.get_running_loop():
-                task.cancel(message)
-            else:
-                task.get_loop().call_soon_threadsafe(task.cancel, message)
-
-
 class BusRunCancellationManager(BaseRunCancellationManager):
     """agno's cancellation manager, cluster-wide through ``bus`` (its loop: ``loop``)."""
 
     def __init__(self, bus: CancelBus, loop: asyncio.AbstractEventLoop) -> None:
         self._bus = bus
         self._loop = loop
-        self._runs: dict[str, _Run] = {}
+        self._runs: dict[str, AgnoRun] = {}
         self._parents: dict[str, str] = {}  # member run id -> its team's run id
 
     # -- checks: local, no I/O --------------------------------------------------------------
 
     def is_cancelled(self, run_id: str) -> bool:
+        """Whether a cancel reached this node's run ``run_id`` (``after_turn``: only at a model
+        request). Reads local memory, no Redis command."""
         run = self._runs.get(run_id)
         return run is not None and run.stopping()
 
     async def ais_cancelled(self, run_id: str) -> bool:
+        """:meth:`is_cancelled`; the calling task becomes the one an ``immediate`` cancel
+        interrupts."""
         run = self._runs.get(run_id)
         if run is None:
             return False
@@ -160,10 +111,12 @@ class BusRunCancellationManager(BaseRunCancellationManager):
         return run.stopping()
 
     def raise_if_cancelled(self, run_id: str) -> None:
+        """Raise agno's ``RunCancelledException`` if :meth:`is_cancelled`."""
         if self.is_cancelled(run_id):
             raise RunCancelledException(f"Run {run_id} was cancelled")
 
     async def araise_if_cancelled(self, run_id: str) -> None:
+        """Raise agno's ``RunCancelledException`` if :meth:`ais_cancelled`."""
         if await self.ais_cancelled(run_id):
             raise RunCancelledException(f"Run {run_id} was cancelled")
 
@@ -190,15 +143,24 @@ class BusRunCancellationManager(BaseRunCancellationManager):
     # -- a run's start and end --------------------------------------------------------------
 
     def register_run(self, run_id: str) -> None:
+        """Start the bus run of the agno run, owned by this node (a team member's as a child of its
+        team's); from a thread, on the bus's loop."""
         self._blocking(self._register(run_id))
 
     async def aregister_run(self, run_id: str) -> None:
+        """:meth:`register_run` for an async run, in a task of its own on the bus's loop: the bus
+        interrupts none of agno's tasks itself (an ``immediate`` cancel goes through the run's
+        last check)."""
         await self._on_bus(self._register(run_id), task=True)
 
     def cleanup_run(self, run_id: str) -> None:
+        """End the run's bus run: ``cancelled`` if it saw a cancel, else as its code ended (the
+        exception being handled, if any)."""
         self._blocking(self._cleanup(run_id, sys.exc_info()[1]))
 
     async def acleanup_run(self, run_id: str) -> None:
+        """:meth:`cleanup_run` for an async run; one an ``immediate`` cancel interrupted raises the
+        bus's ``RunCancelled`` in place of ``CancelledError``."""
         await self._on_bus(self._cleanup(run_id, sys.exc_info()[1]))
 
     async def _register(self, run_id: str) -> None:
@@ -214,13 +176,13 @@ class BusRunCancellationManager(BaseRunCancellationManager):
             try:
                 handle = await scope.__aenter__()
             except RunCancelled as exc:  # a cancel before its start, its team's, a tombstone
-                self._runs[run_id] = _Run(run_id, bus_run_id, None, None, observed=exc)
+                self._runs[run_id] = AgnoRun(run_id, bus_run_id, None, None, observed=exc)
                 return
             except RunExists as exc:
                 if exc.status in ("running", "queued", "waiting"):
                     raise
                 continue
-            run = _Run(run_id, bus_run_id, scope, handle)
+            run = AgnoRun(run_id, bus_run_id, scope, handle)
             handle.add_cancel_callback(run.interrupt)
             self._runs[run_id] = run
             return
@@ -256,9 +218,13 @@ class BusRunCancellationManager(BaseRunCancellationManager):
     # -- cancels, from any node ---------------------------------------------------------------
 
     def cancel_run(self, run_id: str) -> bool:
+        """Cancel the run and its members wherever they run (not waited for); True only if a run
+        that had started took the cancel. An id no node has run yet is recorded cancelled: it never
+        starts."""
         return self._blocking(self._cancel(run_id))
 
     async def acancel_run(self, run_id: str) -> bool:
+        """:meth:`cancel_run`, awaited."""
         return await self._on_bus(self._cancel(run_id))
 
     async def _cancel(self, run_id: str) -> bool:
@@ -283,12 +249,15 @@ class BusRunCancellationManager(BaseRunCancellationManager):
     # -- team members -------------------------------------------------------------------------
 
     def register_member_run(self, team_run_id: str, member_run_id: str) -> None:
+        """Note a team's member run: it registers as a child of the team's bus run, so a cancel of
+        the team reaches it from any node. Local memory only."""
         team = self._runs.get(team_run_id)
         self._parents[member_run_id] = team.bus_run_id if team is not None else bus_id(team_run_id)
         if team is not None:
             team.members.add(member_run_id)
 
     async def aregister_member_run(self, team_run_id: str, member_run_id: str) -> None:
+        """:meth:`register_member_run`, awaited."""
         self.register_member_run(team_run_id, member_run_id)
 
     def get_member_run_ids(self, team_run_id: str) -> set[str]:
@@ -298,14 +267,18 @@ class BusRunCancellationManager(BaseRunCancellationManager):
         return set(team.members) if team is not None else set()
 
     async def aget_member_run_ids(self, team_run_id: str) -> set[str]:
+        """:meth:`get_member_run_ids`, awaited."""
         return self.get_member_run_ids(team_run_id)
 
     def cleanup_member_runs(self, team_run_id: str) -> None:
+        """Forget the team's member runs (their bus runs end with their own cleanup). Local memory
+        only."""
         team = self._runs.get(team_run_id)
         for member in team.members if team is not None else ():
             self._parents.pop(member, None)
 
     async def acleanup_member_runs(self, team_run_id: str) -> None:
+        """:meth:`cleanup_member_runs`, awaited."""
         self.cleanup_member_runs(team_run_id)
 
     # -- this node's runs ---------------------------------------------------------------------
@@ -318,6 +291,7 @@ class BusRunCancellationManager(BaseRunCancellationManager):
         }
 
     async def aget_active_runs(self) -> dict[str, bool]:
+        """:meth:`get_active_runs`, awaited."""
         return self.get_active_runs()
 
     # -- the bus's loop -----------------------------------------------------------------------

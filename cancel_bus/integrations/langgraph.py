@@ -63,10 +63,13 @@ class BusRunControl(RunControl):
 
     @property
     def drain_requested(self) -> bool:
+        """True once a cancel (any mode) reached the bus run, or LangGraph's own drain was asked
+        for: attribute tests, no I/O."""
         return self._run.cancel_requested is not None or super().drain_requested
 
     @property
     def drain_reason(self) -> str | None:
+        """``cancel-bus: <reason, else mode>`` for a bus cancel; else LangGraph's own."""
         request = self._run.cancel_requested
         if request is None:
             return super().drain_reason

@@ -65,6 +65,8 @@ class BusCheckpoints(AbstractCapability[Any]):
     run: RunHandle
 
     async def before_node_run(self, ctx: RunContext[Any], *, node: Any) -> Any:
+        """A checkpoint before each graph node: a delivered cancel (not ``after_turn``) cancels the
+        agent run here."""
         if self._stopping(boundary=False):
             await _cancel(ctx)
         return node
@@ -72,6 +74,8 @@ class BusCheckpoints(AbstractCapability[Any]):
     async def before_model_request(
         self, ctx: RunContext[Any], request_context: ModelRequestContext
     ) -> ModelRequestContext:
+        """The turn boundary: a delivered cancel, ``after_turn`` included, cancels the agent run
+        before the model request."""
         if self._stopping(boundary=True):  # the previous turn's tool results are in history
             await _cancel(ctx)
         return request_context
@@ -79,6 +83,9 @@ class BusCheckpoints(AbstractCapability[Any]):
     async def wrap_run_event_stream(
         self, ctx: RunContext[Any], *, stream: AsyncIterable[AgentStreamEvent]
     ) -> AsyncIterable[AgentStreamEvent]:
+        """The stream as it comes, each event's text emitted to the bus run; a checkpoint after each
+        event: a delivered cancel (not ``after_turn``) cancels the agent run at the stream's next
+        await."""
         async for event in stream:
             text = _text(event)
             if text:

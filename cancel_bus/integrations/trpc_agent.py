@@ -35,33 +35,21 @@ import logging
 import sys
 import threading
 from collections.abc import AsyncGenerator, Coroutine, Iterator, Mapping
-from contextlib import AbstractAsyncContextManager, aclosing, contextmanager
+from contextlib import aclosing, contextmanager
 from contextvars import ContextVar
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, TypeVar
 
-from trpc_agent_sdk.cancel import (  # type: ignore[import-untyped]
-    SessionKey,
-    _cancel,
-    handle_cancellation_session_cleanup,
-)
-from trpc_agent_sdk.events import AgentCancelledEvent, Event  # type: ignore[import-untyped]
+from trpc_agent_sdk.cancel import SessionKey, _cancel  # type: ignore[import-untyped]
+from trpc_agent_sdk.events import AgentCancelledEvent  # type: ignore[import-untyped]
 from trpc_agent_sdk.runners import Runner  # type: ignore[import-untyped]
 
-from cancel_bus import (
-    BusClosed,
-    BusUnavailable,
-    CancelBus,
-    CancelMode,
-    CancelRequest,
-    Outcome,
-    RunCancelled,
-    RunHandle,
-)
+from cancel_bus import BusClosed, BusUnavailable, CancelBus, CancelRequest, Outcome
 
 from ._held import HeldCancels
-from ._sessions import Turns, bus_session, enter_session_run
+from ._sessions import bus_session, enter_session_run
+from ._trpc_run import LocalRun
 
 __all__ = [
     "SUPPORTED",
@@ -104,86 +92,6 @@ _ORIGINAL_RUN_ASYNC = Runner.run_async
 
 
 @dataclass(eq=False)
-class _LocalRun(Turns):
-    """One run of a session key on this node: its bus scope, the Events handed out for it, and
-    what its event stream showed (:class:`Turns`: turn boundaries, an interrupted run's partial
-    text)."""
-
-    key: Any  # SessionKey
-    scope: AbstractAsyncContextManager[RunHandle]
-    handle: RunHandle
-    cancel_event: asyncio.Event = field(default_factory=asyncio.Event)
-    cleanup_events: list[asyncio.Event] = field(default_factory=list)
-    observed: RunCancelled | None = None
-    watching: bool = False
-    finished: bool = False
-    interrupted: bool = False  # an immediate cancel interrupted it (its CancelledError was ours)
-
-    def poll(self) -> bool:
-        """The hot path: True once a cancel was delivered (attribute tests on the token);
-        ``after_turn`` only at a turn boundary."""
-        try:
-            self.handle.checkpoint()
-            if self.at_boundary:
-                self.at_boundary = False
-                self.handle.turn_boundary()
-        except RunCancelled as exc:
-            self.observed = exc
-            self.cancel_event.set()
-            return True
-        return False
-
-    def ended_cancelled(self) -> None:
-        """trpc-agent ended the run as a cancelled one (``AgentCancelledEvent``), maybe without a
-        checkpoint of ours: stopped through its cancel Event (its remote A2A agent). A cancel of
-        ours that reached it is then what it observed."""
-        if self.observed is None and self.handle.cancel_requested is not None:
-            try:
-                self.handle.turn_boundary()
-            except RunCancelled as exc:
-                self.observed = exc
-
-    def event(self) -> asyncio.Event:
-        """The Event set when a cancel (other than ``after_turn``) is delivered."""
-        if not self.watching:
-            self.watching = True
-            self.handle.add_cancel_callback(self._delivered)
-        return self.cancel_event
-
-    def _delivered(self, request: CancelRequest) -> None:
-        if request.mode is not CancelMode.AFTER_TURN:
-            self.cancel_event.set()
-
-    async def end_interrupted(self, runner: Any) -> Any:
-        """Save the partial text with trpc-agent's cancel marker, as trpc-agent does for a run
-        stopped at a checkpoint; the ``AgentCancelledEvent`` to end the stream with."""
-        last = self.last_event
-        invocation_id = last.invocation_id if last is not None else Event.new_id()
-        author = last.author if last is not None else runner.agent.name
-        branch = last.branch if last is not None else None
-        sessions = runner.session_service
-        session = await sessions.get_session(
-            app_name=self.key.app_name, user_id=self.key.user_id, session_id=self.key.session_id
-        )
-        if session is not None:
-            await handle_cancellation_session_cleanup(
-                session=session,
-                session_service=sessions,
-                invocation_id=invocation_id,
-                agent_name=author,
-                branch=branch,
-                temp_text="".join(self.partial),
-            )
-            await sessions.update_session(session=session)
-        return AgentCancelledEvent(
-            invocation_id=invocation_id,
-            author=author,
-            reason=f"Run for session {self.key.session_id} was cancelled (immediate)",
-            branch=branch,
-        )
-
-
-@dataclass(eq=False)
 class _Start:
     """One ``Runner.run_async`` call until its run registers: when it was asked for (bus clock)
     and the group it was started in."""
@@ -191,7 +99,7 @@ class _Start:
     key: Any  # SessionKey
     called_at: float
     group: RunGroup | None
-    run: _LocalRun | None = None
+    run: LocalRun | None = None
 
 
 class RunGroup:
@@ -200,7 +108,7 @@ class RunGroup:
 
     def __init__(self) -> None:
         self.request: CancelRequest | None = None
-        self.runs: list[_LocalRun] = []
+        self.runs: list[LocalRun] = []
         self._nodes: list[_Node] = []
 
     @contextmanager
@@ -221,7 +129,7 @@ class RunGroup:
         for node, run in zip(self._nodes, self.runs, strict=True):
             node.spawn(node.forward(run, request))
 
-    async def _attach(self, node: _Node, run: _LocalRun) -> None:
+    async def _attach(self, node: _Node, run: LocalRun) -> None:
         self._nodes.append(node)
         self.runs.append(run)
         if self.request is not None:
@@ -229,7 +137,7 @@ class RunGroup:
 
 
 # The runs registered in this context, by key: ``cleanup_run`` ends the caller's own run.
-_CONTEXT_RUNS: ContextVar[Mapping[Any, _LocalRun]] = ContextVar(
+_CONTEXT_RUNS: ContextVar[Mapping[Any, LocalRun]] = ContextVar(
     "cancel_bus_trpc_runs", default=MappingProxyType({})
 )
 _GROUP: ContextVar[RunGroup | None] = ContextVar("cancel_bus_trpc_group", default=None)
@@ -243,7 +151,7 @@ class _Node:
         self.busy_timeout = busy_timeout
         self.start_grace = start_grace
         self.held = HeldCancels(bus)
-        self.runs: dict[Any, _LocalRun] = {}
+        self.runs: dict[Any, LocalRun] = {}
         self.starting: dict[Any, list[_Start]] = {}
         self.remote: dict[str, list[asyncio.Event]] = {}
         self.tasks: set[asyncio.Task[Any]] = set()
@@ -256,7 +164,7 @@ class _Node:
             return waiting.pop(0)
         return _Start(key, self.bus.clock(), _GROUP.get())
 
-    async def start(self, start: _Start) -> _LocalRun:
+    async def start(self, start: _Start) -> LocalRun:
         """Register a bus run for the start's key and apply the cancels meant for it: one held
         since it was asked for (any node), its group's."""
         run = await self._register(start.key)
@@ -273,7 +181,7 @@ class _Node:
             raise
         return run
 
-    async def forward(self, run: _LocalRun, request: CancelRequest) -> None:
+    async def forward(self, run: LocalRun, request: CancelRequest) -> None:
         """Cancel ``run`` as ``request`` asks (recorded on the bus; delivered here)."""
         if not run.finished:
             await self.bus.cancel(
@@ -284,7 +192,7 @@ class _Node:
                 wait=False,
             )
 
-    async def _register(self, key: Any) -> _LocalRun:
+    async def _register(self, key: Any) -> LocalRun:
         """Register a bus run for ``key``; a run of the key that is stopping is waited for."""
         scope, handle = await enter_session_run(
             self.bus,
@@ -292,7 +200,7 @@ class _Node:
             busy_timeout=self.busy_timeout,
             metadata={"integration": "trpc-agent"},
         )
-        run = _LocalRun(key, scope, handle)
+        run = LocalRun(key, scope, handle)
         self.runs[key] = run
         return run
 
@@ -319,7 +227,7 @@ class _Node:
             self.spawn(self._await_remote_end(result.run.run_id))
         return done
 
-    async def finish(self, run: _LocalRun) -> None:
+    async def finish(self, run: LocalRun) -> None:
         """End the run's bus scope: cancelled if it saw the cancel, else as its code ended."""
         run.finished = True
         if self.runs.get(run.key) is run:

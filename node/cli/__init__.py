@@ -39,6 +39,7 @@ __all__ = ["HTTP_TIMEOUT", "CliError", "Exit", "NodeClient", "NodeError", "cli",
 )
 @click.version_option(__version__, "--version", prog_name=PROG, message="%(prog)s %(version)s")
 def cli(**before: Any) -> None:
+    """Refuse client options given before a command that asks no node."""
     ctx = click.get_current_context()
     name = ctx.invoked_subcommand
     check_before(ctx, cli.get_command(ctx, name) if name else None)

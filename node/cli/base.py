@@ -76,6 +76,8 @@ class Command(click.Command):
     """A command whose usage errors name it (click leaves some without their command)."""
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        """click's parsing; a usage error raised without a context gets this command's, so its one
+        line names the command."""
         try:
             return super().parse_args(ctx, args)
         except click.UsageError as exc:
@@ -87,6 +89,7 @@ class Group(Command, click.Group):
     """The ``cancel-bus`` group: its commands listed in the order they were added."""
 
     def list_commands(self, ctx: click.Context) -> list[str]:
+        """The commands in the order they were added (click sorts them by name)."""
         return list(self.commands)
 
 

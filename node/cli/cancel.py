@@ -103,6 +103,8 @@ def cancel(
     no_wait: bool,
     timeout: float,
 ) -> int:
+    """Cancel the run (its id, else the one run whose id starts so) or the session's active run, and
+    show the outcome for it and each run below it."""
     if (run_id is None) == (session is None):
         raise usage_error("give a RUN_ID or --session APP USER SESSION (one of them)")
     body = model_of(

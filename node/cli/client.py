@@ -81,6 +81,7 @@ STREAM_BODIES: dict[str, type[RunInfo | Output | Finished | Draining | Problem]]
 
 
 def run_path(run_id: str, suffix: str = "") -> str:
+    """The API path of the run ``run_id`` (quoted), then ``suffix``: ``/v1/runs/<id>/cancel``."""
     return f"/v1/runs/{quote(run_id, safe='')}{suffix}"
 
 
@@ -103,6 +104,7 @@ class NodeClient:
     # -- runs -------------------------------------------------------------------------------
 
     def runs(self, query: RunQuery) -> RunList:
+        """One page of the runs ``query`` asks for."""
         params = query.model_dump(mode="json", exclude_none=True)
         return self._ask("GET", "/v1/runs", RunList, params=params)
 
@@ -115,9 +117,11 @@ class NodeClient:
         return self.runs(RunQuery(status="all", id_prefix=prefix, limit=limit)).runs
 
     def children(self, run_id: str) -> list[RunInfo]:
+        """The runs started as children of ``run_id`` (at most :data:`WINDOW`)."""
         return self.runs(RunQuery(status="all", parent=run_id, limit=WINDOW)).runs
 
     def events(self, run_id: str) -> EventList:
+        """The run's recorded events."""
         return self._ask("GET", run_path(run_id, "/events"), EventList)
 
     def follow(self, run_id: str) -> Generator[StreamEvent]:
@@ -143,9 +147,11 @@ class NodeClient:
     # -- cancels ----------------------------------------------------------------------------
 
     def cancel(self, run_id: str, body: CancelBody) -> CancelAnswer:
+        """Cancel the run ``run_id`` as ``body`` asks; every outcome is an answer."""
         return self._cancel(run_path(run_id, "/cancel"), body)
 
     def cancel_session(self, app: str, user: str, session: str, body: CancelBody) -> CancelAnswer:
+        """Cancel the session's active run as ``body`` asks; every outcome is an answer."""
         parts = "/".join(quote(part, safe="") for part in (app, user, session))
         return self._cancel(f"/v1/sessions/{parts}/cancel", body)
 
@@ -157,11 +163,14 @@ class NodeClient:
         return self._ask("POST", path, CancelAnswer, (200, 202, 404, 409), waits, json=sent)
 
     def cancel_where(self, body: SelectorCancel) -> SelectorAnswer:
+        """The runs a selector matches (``dry_run``: a preview), or their cancels and the tombstones
+        laid."""
         waits = body.timeout if body.wait and not body.dry_run else 0.0
         sent = body.model_dump(mode="json", exclude_none=True)
         return self._ask("POST", "/v1/cancel-where", SelectorAnswer, (200,), waits, json=sent)
 
     def tombstones(self) -> TombstoneList:
+        """The live tombstones this token may see."""
         return self._ask("GET", "/v1/tombstones", TombstoneList)
 
     def remove_tombstone(self, tombstone_id: str) -> Tombstone | None:
@@ -172,6 +181,7 @@ class NodeClient:
     # -- ops --------------------------------------------------------------------------------
 
     def nodes(self) -> NodeList:
+        """The live nodes and their leases (an ops token)."""
         return self._ask("GET", "/v1/nodes", NodeList)
 
     # -- HTTP -------------------------------------------------------------------------------

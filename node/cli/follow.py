@@ -38,6 +38,8 @@ class Shown:
         self.mid_line = False  # the output so far does not end its line
 
     def event(self, event: StreamEvent) -> None:
+        """Show one event of the stream: a line of JSON; or the run's output as it comes, its
+        introduction (once, while it is active), and its own events on lines of their own."""
         if self.as_json:
             data = with_iso_times(jsonable(event.body))
             self._write(json.dumps({"event": event.event, "id": event.id, "data": data}) + "\n")
@@ -58,6 +60,8 @@ class Shown:
         self.introduced = self.introduced or isinstance(body, RunInfo)
 
     def ended(self, finished: Finished, run: RunInfo | None) -> None:
+        """The line that says how the run ended and after how long, with its cancel reason or error
+        (none with ``--json``)."""
         if self.as_json:
             return
         if run is None:  # its record expired meanwhile
@@ -96,6 +100,8 @@ class Shown:
 )
 @click.argument("run_id", metavar="RUN_ID", type=ID)
 def follow(client: NodeClient, as_json: bool, run_id: str) -> int:
+    """Follow the run until it ends; the exit code says how it ended (130: Ctrl-C stopped following
+    first)."""
     run = resolve(client, run_id)
     shown = Shown(as_json)
     try:

@@ -49,6 +49,8 @@ PORT = Within.of(Settings, "port", number(int))
     help="without API tokens, listen beyond loopback all the same (anyone may cancel)",
 )
 def serve(insecure_no_auth: bool, **flags: str | int | None) -> int:
+    """Put the flags given into ``CANCEL_BUS_*`` variables, then serve until the node has drained; a
+    bad configuration, or a node that cannot start, is one line."""
     for flag, key in SERVE_FLAGS.items():
         if flags[flag] is not None:
             os.environ[f"CANCEL_BUS_{key}"] = str(flags[flag])
@@ -124,6 +126,7 @@ def _hint_the_cli() -> None:
 )
 @click.option("--exit", "exit_after", is_flag=True, help="stop after the demo instead of waiting")
 def demo(nodes: int, exit_after: bool) -> int:
+    """Run the demo cluster (:func:`node.demo.run_demo`); a failure is one line."""
     if nodes < 2:
         raise usage_error("a demo of a cross-node cancel needs at least 2 nodes")
     import httpx  # noqa: PLC0415

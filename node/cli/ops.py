@@ -23,6 +23,7 @@ ACL_USER = "cancel-bus"  # the user docs/deploy.md names
     "lease left, the last probe of its own channel (latency, when), active runs.",
 )
 def nodes(client: NodeClient, as_json: bool) -> int:
+    """Show the live nodes: a table, or JSON."""
     answer = client.nodes()
     if as_json:
         print(json_text(answer.nodes))
@@ -55,6 +56,7 @@ def acl_user(value: str) -> str:
     help=f"the ACL user's name (default {ACL_USER})",
 )
 def print_acl_rules(namespaces: tuple[str, ...], name: str) -> int:
+    """Print the ``ACL SETUSER`` line for the namespaces; a bad namespace is one line."""
     try:
         rules = acl_rules(*namespaces)
     except InvalidArgument as exc:

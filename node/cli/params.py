@@ -31,6 +31,8 @@ class Parsed(_ParamType):
         self.parse, self.name = parse, name
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        """click's conversion: ``parse`` a string (its ValueError is a bad command line naming the
+        option); any other value as it is."""
         if not isinstance(value, str):
             return value  # a default, or an option's value when given without one
         try:
@@ -77,6 +79,7 @@ def duration(value: float) -> str:
 
 
 def plain(value: float) -> str:
+    """A number as ``%g`` writes it: ``0.1``, ``60``."""
     return f"{value:g}"
 
 
@@ -109,6 +112,8 @@ class Within(Parsed):
         parse: Callable[[str], float],
         show: Callable[[float], str] = plain,
     ) -> Within:
+        """The bounds the node's ``model`` puts on ``field`` (gt, ge, lt, le), on a number read with
+        ``parse``."""
         limits = {
             name: getattr(constraint, name)
             for constraint in model.model_fields[field].metadata
@@ -166,6 +171,7 @@ def metadata_item(value: str) -> tuple[str, str | int | float | bool]:
 
 
 def http_url(value: str) -> str:
+    """An http(s) URL with a host."""
     parts = urlsplit(value)
     if parts.scheme not in ("http", "https") or not parts.netloc:
         raise ValueError(f"{value!r} is not an http(s) URL, e.g. {DEFAULT_URL}")

@@ -36,6 +36,7 @@ LIMIT = Within.of(RunQuery, "limit", number(int))
 
 
 def no_run(ref: str) -> str:
+    """The error for a run id (or start of one) ``ref`` that names no run."""
     return f"no run {ref} (nor one whose id starts so, of the {WINDOW:,} most recent)"
 
 
@@ -125,6 +126,8 @@ def runs(
     watch: float | None,
     count: int | None,
 ) -> int:
+    """List the runs that match (a table, or JSON), or show the table again every ``--watch``
+    seconds."""
     query = model_of(
         RunQuery,
         RUN_FILTERS,
@@ -181,6 +184,7 @@ def _watch(client: NodeClient, query: RunQuery, every: float, count: int | None)
 )
 @click.argument("run_id", metavar="RUN_ID", type=ID)
 def run(client: NodeClient, as_json: bool, run_id: str) -> int:
+    """Show one run: its fields, events and children (or the three as JSON)."""
     found = resolve(client, run_id)
     answer = client.events(found.run_id)
     children = client.children(found.run_id)

@@ -223,6 +223,7 @@ def _show_cancelled(answer: SelectorAnswer, body: SelectorCancel) -> None:
 )
 @click.argument("action", metavar="[rm ID]", nargs=-1, type=ID)
 def tombstones(client: NodeClient, as_json: bool, action: tuple[str, ...]) -> int:
+    """List the live tombstones, or lift one (``rm ID``)."""
     if not action:
         answer = client.tombstones()
         if as_json:
