@@ -10,6 +10,7 @@ from fastapi.responses import JSONResponse
 
 from cancel_bus import (
     ID_PATTERN,
+    MAX_ID_LENGTH,
     CancelBus,
     CancelResult,
     Outcome,
@@ -40,7 +41,7 @@ from .service import NodeService
 
 router = APIRouter(prefix="/v1", tags=["runs"])
 
-IdPath = Annotated[str, Path(pattern=ID_PATTERN, max_length=200)]
+IdPath = Annotated[str, Path(pattern=ID_PATTERN, max_length=MAX_ID_LENGTH)]
 OUTCOME_STATUS = {
     Outcome.CANCELLED: 200,
     Outcome.OWNER_LOST: 200,

@@ -18,12 +18,12 @@ from cancel_bus import (
     RunStatus,
     Tombstone,
 )
+from cancel_bus.fields import MAX_HOLD, MAX_ID_LENGTH, Label, OptionalId, Text
 
-from .queries import Age, OptionalId
+from .queries import Age
 
-Id = Field(pattern=ID_PATTERN, max_length=200)
+Id = Field(pattern=ID_PATTERN, max_length=MAX_ID_LENGTH)
 STRICT = ConfigDict(extra="forbid", allow_inf_nan=False)
-MAX_HOLD = 7 * 86400.0  # the library's bound on a tombstone
 LATEST = 4e9  # seconds since the epoch (in 2096): a time beyond is a mistake
 
 
@@ -74,7 +74,7 @@ class CancelBody(BaseModel):
     model_config = STRICT
 
     mode: CancelMode = CancelMode.CHECKPOINT
-    reason: str | None = Field(default=None, max_length=1000)
+    reason: Text | None = None
     wait: bool = True
     # seconds to wait for the owner's confirmation; it also bounds the Redis round trips, so a
     # shorter one could only end in a 503
@@ -118,8 +118,8 @@ class CancelAnswer(CancelOutcome):
         )
 
 
-MetadataKey = Annotated[str, Field(min_length=1, max_length=200)]
-MetadataValue = Annotated[str, Field(max_length=1000)] | int | float | bool
+MetadataKey = Annotated[Label, Field(min_length=1)]
+MetadataValue = Text | int | float | bool
 
 
 class SelectorCancel(BaseModel):
@@ -159,7 +159,7 @@ class SelectorCancel(BaseModel):
         default=None, gt=0, le=LATEST, description="as ttl, until this time (Redis clock)"
     )
     mode: CancelMode = CancelMode.CHECKPOINT
-    reason: str | None = Field(default=None, max_length=1000)
+    reason: Text | None = None
     wait: bool = True
     timeout: float = Field(default=5.0, ge=0.1, le=60)
 

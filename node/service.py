@@ -23,11 +23,12 @@ from cancel_bus import (
     SelectorResult,
     StopCause,
     Tombstone,
+    recency,
 )
 
 from .agent import record_cancellation, run_agent
 from .metrics import Metrics
-from .queries import FINISHED, WINDOW, RunQuery, recency
+from .queries import WINDOW, RunQuery
 from .schemas import CancelBody, NodeView, SelectorCancel, StartRun
 from .settings import Settings
 from .sse import Streams
@@ -178,9 +179,10 @@ class NodeService:
         wanted = query.offset + query.limit + 1  # one more tells whether there is more
         fetch = min(max(wanted, 100) if query.narrows else wanted, WINDOW)
         now = self.bus.clock()
+        wanted_runs = query.filter
         while True:
             runs = await self._list(query, fetch)
-            matched = [run for run in runs if query.matches(run, now)]
+            matched = [run for run in runs if wanted_runs.matches(run, now)]
             if len(matched) >= wanted or len(runs) < fetch or fetch == WINDOW:
                 break
             fetch = min(fetch * 4, WINDOW)
@@ -189,24 +191,21 @@ class NodeService:
 
     async def _list(self, query: RunQuery, limit: int) -> list[RunInfo]:
         """The most recent ``limit`` runs that match the library's filters, across the
-        namespaces (only the app's, given an app); ``finished`` is its three statuses. Given a
-        parent, its children are read as such (however old)."""
+        namespaces (only the app's, given an app). Given a parent, its children are read as
+        such (however old)."""
         buses = [self.bus_for_app(query.app_name)] if query.app_name is not None else self.buses
         if query.parent is not None:
             lists = await asyncio.gather(*(bus.children(query.parent) for bus in buses))
-            children = [run for runs in lists for run in runs if query.listed(run)]
-            return sorted(children, key=recency, reverse=True)[:limit]
-        statuses: list[str] = (
-            [status.value for status in FINISHED] if query.status == "finished" else [query.status]
-        )
-        lists = await asyncio.gather(
-            *(
-                bus.list_runs(status, query.node_id, query.app_name, query.user_id, limit)
-                for bus in buses
-                for status in statuses
+        else:
+            lists = await asyncio.gather(
+                *(
+                    bus.list_runs(query.status, query.node_id, query.app_name, query.user_id, limit)
+                    for bus in buses
+                )
             )
+        runs = heapq.merge(
+            *(sorted(runs, key=recency, reverse=True) for runs in lists), key=recency, reverse=True
         )
-        runs = heapq.merge(*lists, key=recency, reverse=True)
         return list(itertools.islice(runs, limit))
 
     async def list_nodes(self) -> list[NodeView]:

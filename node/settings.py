@@ -8,33 +8,32 @@ import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Literal
 from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit, urlunsplit
 
 from pydantic import (
     BaseModel,
     Field,
     SecretStr,
-    StringConstraints,
     ValidationError,
     field_validator,
     model_validator,
 )
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from cancel_bus import ID_PATTERN, MAX_RETENTION
+from cancel_bus import MAX_RETENTION
+from cancel_bus.fields import Id, Label, OptionalId
 
 ENV_PREFIX = "CANCEL_BUS_"
 CLIENT_VARIABLES = frozenset({f"{ENV_PREFIX}URL", f"{ENV_PREFIX}TOKEN"})  # the CLI's, not a node's
-Id = Annotated[str, StringConstraints(pattern=ID_PATTERN, max_length=200)]
 
 
 class TokenGrant(BaseModel):
     """What one API token may do: ``ops`` sees and cancels everything, ``user`` its own runs."""
 
     role: Literal["ops", "user"]
-    user_id: str | None = Field(default=None, pattern=ID_PATTERN, max_length=200)
-    name: str | None = Field(default=None, max_length=200)
+    user_id: OptionalId = None
+    name: Label | None = None
 
     @model_validator(mode="after")
     def _user_needs_an_id(self) -> TokenGrant:
@@ -55,12 +54,12 @@ class Settings(BaseSettings):
     redis_password: SecretStr | None = None
     redis_sentinel_username: str | None = None
     redis_sentinel_password: SecretStr | None = None
-    namespace: str = Field(default="cancel-bus", pattern=ID_PATTERN, max_length=200)
+    namespace: Id = "cancel-bus"
     app_namespaces: dict[Id, Id] = Field(
         default_factory=dict,
         description='JSON {"<app_name>": "<namespace>"}: apps served in their own namespace',
     )
-    node_id: str | None = Field(default=None, pattern=ID_PATTERN, max_length=200)
+    node_id: OptionalId = None
     lease_ttl: float = Field(default=10.0, ge=0.3, le=3600, allow_inf_nan=False)
     retention: float = Field(default=86400.0, ge=1, le=MAX_RETENTION, allow_inf_nan=False)
     drain_timeout: float = Field(default=20.0, ge=0, le=3600, allow_inf_nan=False)
