@@ -254,9 +254,8 @@ class CancelBus:
         ``cause`` says who asks (``user``, ``client_disconnect``, ``node_shutdown``). With
         ``descendants`` the runs started below it are cancelled too (cause ``parent``), deepest
         first, and the answer holds one result per run of the tree."""
-        target = run_target(validate_id(run_id, "run_id"))
         return await self._cancel(
-            target, run_id, None, mode, reason, requested_by, cause, wait, timeout, descendants
+            run_id, None, mode, reason, requested_by, cause, wait, timeout, descendants
         )
 
     async def cancel_session(
@@ -276,9 +275,8 @@ class CancelBus:
         """Cancel the active run of a session key, wherever it runs (as :meth:`cancel`)."""
         session = check.session(app_name, user_id, session_id)
         assert session is not None
-        target = session_target(session)
         return await self._cancel(
-            target, None, session, mode, reason, requested_by, cause, wait, timeout, descendants
+            None, session, mode, reason, requested_by, cause, wait, timeout, descendants
         )
 
     async def cancel_where(
@@ -411,7 +409,6 @@ class CancelBus:
 
     async def _cancel(
         self,
-        target: str,
         run_id: str | None,
         session: tuple[str, str, str] | None,
         mode: CancelMode | str,
@@ -422,7 +419,13 @@ class CancelBus:
         timeout: float,
         descendants: bool,
     ) -> CancelResult:
+        """A cancel of the run (``run_id``) or of the session's active run (``session``)."""
         checked_mode, checked_cause = check.request(mode, cause, reason, requested_by, timeout)
+        target = (
+            session_target(session)
+            if session is not None
+            else run_target(validate_id(str(run_id), "run_id"))
+        )
         self._lifecycle.require_open()
         order = CancelOrder(
             target, run_id, session, checked_mode, reason, requested_by, checked_cause, descendants

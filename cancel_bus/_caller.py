@@ -20,7 +20,7 @@ from ._ports import Delivery, Identified, Keeper, Owner
 from ._protocol import CancelAnswer, CancelOrder, Code
 from ._reads import Reads
 from ._redis import within
-from ._types import BusStats, CancelResult, Outcome, RunInfo, RunStatus
+from ._types import BusStats, CancelRequest, CancelResult, Outcome, RunInfo, RunStatus
 from ._waiters import Waiters
 
 log = logging.getLogger("cancel_bus")
@@ -56,7 +56,9 @@ class CallerSide:
         pause = RECOVERING_FIRST
         while True:
             request = self._calls.request_cancel(
-                order, waiter=self._lease.node_id if wait else "", caller=self._lease.node_id
+                order,
+                waiter=self._lease.identity.node_id if wait else "",
+                caller=self._lease.identity.node_id,
             )
             answer = await within(
                 max(0.0, deadline - loop.time()), request, "; the cancel may not be recorded"
@@ -83,8 +85,9 @@ class CallerSide:
             )
         nodes = [(answer.code, answer.run), *((code, run) for _, code, run in answer.descendants)]
         for code, node in nodes:
-            if code is Code.STOPPING and node is not None and node.cancel_request is not None:
-                self._accepted(node)
+            request = node.cancel_request if code is Code.STOPPING and node is not None else None
+            if node is not None and request is not None:
+                self._accepted(node, request)
         finals = await asyncio.gather(
             *(self._end_of(code, node, wait, deadline) for code, node in nodes)
         )
@@ -106,7 +109,7 @@ class CallerSide:
     async def wait(self, run_id: str, timeout: float) -> RunInfo | None:
         """The run as it stands at its end or at the timeout (None if unknown)."""
         deadline = asyncio.get_running_loop().time() + timeout
-        status = await within(timeout, self._calls.add_waiter(run_id, self._lease.node_id))
+        status = await within(timeout, self._calls.add_waiter(run_id, self._lease.identity.node_id))
         if not status:
             return None
         if RunStatus(status).is_active:
@@ -115,13 +118,11 @@ class CallerSide:
                 return final
         return await self._reads.get_run(run_id)
 
-    def _accepted(self, run: RunInfo) -> None:
+    def _accepted(self, run: RunInfo, request: CancelRequest) -> None:
         """A cancel this node had recorded: kept for recovery, and delivered at once if the
         run is here."""
-        request = run.cancel_request
-        assert request is not None
         self._recovery.accepted(run.run_id, request)
-        here = run.owner == self._lease.node_id
+        here = run.owner == self._lease.identity.node_id
         if here and self._local.deliver(run.run_id, request) is Delivery.DELIVERED:
             self._stats.cancels_delivered += 1
 

@@ -10,7 +10,7 @@ from typing import Any, cast
 from ._errors import InvalidArgument
 from ._keys import validate_id
 from ._run_state import current_run
-from ._types import CancelMode, RunStatus, StatusFilter, StopCause
+from ._types import REQUEST_CAUSES, CancelMode, RunStatus, StatusFilter, StopCause
 
 MAX_TEXT = 1000
 MAX_LIST_LIMIT = 1000
@@ -84,8 +84,8 @@ def cause(value: StopCause | str) -> StopCause:
         checked = StopCause(value)
     except ValueError:
         checked = None
-    if checked is None or not checked.is_request:
-        valid = ", ".join(c.value for c in StopCause if c.is_request)
+    if checked not in REQUEST_CAUSES:
+        valid = ", ".join(c.value for c in StopCause if c in REQUEST_CAUSES)
         raise InvalidArgument(f"invalid cancel cause {value!r} (one of {valid})")
     return checked
 

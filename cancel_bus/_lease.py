@@ -67,6 +67,7 @@ class Lease:
     ) -> None:
         self._calls = calls
         self.lease_ttl = lease_ttl
+        self.interval = lease_ttl / HEARTBEATS_PER_LEASE  # between heartbeats
         self.self_fence_after = self_fence_after
         self._version = version
         self.holder: LeaseHolder | None = None  # told of renewals, losses, amnesia, reaps
@@ -86,10 +87,6 @@ class Lease:
     @property
     def epoch(self) -> str:
         return self.identity.epoch
-
-    @property
-    def interval(self) -> float:
-        return self.lease_ttl / HEARTBEATS_PER_LEASE
 
     @property
     def fence_after(self) -> float:

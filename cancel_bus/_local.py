@@ -70,6 +70,7 @@ class LocalRuns:
         self._claiming: set[str] = set()  # their run ids
         self.finishing = 0  # finishes of runs still in the table, not answered yet
         self._ends: ChunkedQueue[tuple[RunState, Ending]] = ChunkedQueue(self._end, spawn)
+        self.clock = lease.clock  # the RunOwner's clock: the lease's, called directly
 
     # -- the table ----------------------------------------------------------------------------
 
@@ -107,13 +108,10 @@ class LocalRuns:
         if state is None:
             self._early.put(run_id, request)
             return Delivery.EARLY
-        session = state.session
-        if (
-            target is not None
-            and target.startswith(SESSION_TARGET_PREFIX)
-            and (session is None or target != session_target(session))
-        ):
-            return Delivery.MISADDRESSED
+        if target is not None and target.startswith(SESSION_TARGET_PREFIX):
+            session = state.session
+            if session is None or target != session_target(session):
+                return Delivery.MISADDRESSED
         if not state.deliver(request, self.clock()):
             return Delivery.UNCHANGED
         self._sync.mark_delivered(state)
@@ -151,9 +149,6 @@ class LocalRuns:
             state.stop(cause, now)
 
     # -- the RunOwner protocol (called by RunScope and RunHandle) -----------------------------
-
-    def clock(self) -> float:
-        return self._lease.clock()
 
     async def start_run(self, spec: RunSpec) -> RunHandle:
         self._lifecycle.require_open(accepting=True)
@@ -287,7 +282,7 @@ class LocalRuns:
         state.finishing = True
         return Finish(
             run_id=state.run_id,
-            node_id=self._lease.node_id,
+            node_id=self._lease.identity.node_id,
             epoch=state.epoch,
             status=ending.status,
             stop_cause=state.stop_cause,

@@ -16,6 +16,8 @@ from node.embedded import EmbeddedServer
 from ..faultproxy import FaultProxy
 from ..helpers import LoopingRun
 
+pytestmark = pytest.mark.slow  # not in the fast tier
+
 CLOSE_BOUND = 6.0  # the drain's cancel_timeout (1 s) thrice, the duties' stop (3 s): the worst
 
 

@@ -35,6 +35,8 @@ from node.embedded import EmbeddedServer
 from ..faultproxy import FaultProxy
 from ..helpers import WAIT, LoopingRun, eventually
 
+pytestmark = pytest.mark.slow  # not in the fast tier
+
 LEASE = 6.0
 SPELL = 0.35 * LEASE  # the fault lasts this long: less than the lease rides out (0.75)
 USER, PASSWORD = "cb-user", "cb-password"

@@ -20,6 +20,8 @@ from ..conftest import BusFactory
 from ..faultproxy import FaultProxy
 from ..helpers import WAIT, LoopingRun, eventually, keys_of, redis_of
 
+pytestmark = pytest.mark.slow  # not in the fast tier
+
 LEASE = 3.0
 RIDE_OUT = 0.65  # of a lease: a stall this long loses nothing (the bound is 0.75, DESIGN §9)
 
