@@ -145,7 +145,8 @@ class EventType(StrEnum):
 
     CANCEL_REQUESTED = "run.cancel_requested"
     CANCEL_ESCALATED = "run.cancel_escalated"
-    CANCEL_DELIVERED = "run.cancel_delivered"
+    CANCEL_DELIVERED = "run.cancel_delivered"  # at the record's cancel_delivered_at
+    CANCEL_OBSERVED = "run.cancel_observed"  # at the record's cancel_observed_at
     WAITING = "run.waiting"
     RESUMED = "run.resumed"
     REASSERTED = "run.reasserted"

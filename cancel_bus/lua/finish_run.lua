@@ -64,11 +64,17 @@ if A.phase ~= '' then put(R.PHASE, A.phase) end
 if requested_at then
   local req = tonumber(requested_at)
   local function clamp(at) return fmt(math.min(math.max(tonumber(at), req), NOW_S)) end
-  if A.delivered_at ~= '' and not redis.call('HGET', rk, R.CANCEL_DELIVERED_AT) then
-    put(R.CANCEL_DELIVERED_AT, clamp(A.delivered_at))
-    add_event(run_id, E.CANCEL_DELIVERED, {node = node_id})
+  local delivered = redis.call('HGET', rk, R.CANCEL_DELIVERED_AT)
+  if A.delivered_at ~= '' and not delivered then
+    delivered = clamp(A.delivered_at)
+    put(R.CANCEL_DELIVERED_AT, delivered)
+    add_event(run_id, E.CANCEL_DELIVERED, {node = node_id}, delivered)
   end
-  if A.observed_at ~= '' then put(R.CANCEL_OBSERVED_AT, clamp(A.observed_at)) end
+  if A.observed_at ~= '' then  -- seen at a checkpoint: after its delivery, whatever the clocks say
+    local observed = clamp(math.max(tonumber(A.observed_at), tonumber(delivered or req)))
+    put(R.CANCEL_OBSERVED_AT, observed)
+    add_event(run_id, E.CANCEL_OBSERVED, {node = node_id}, observed)
+  end
 end
 write_notes(run_id, A.notes)
 finalize(run_id, status, end_reason, fields, A.retention_ms, A.pub)

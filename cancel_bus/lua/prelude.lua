@@ -50,9 +50,10 @@ local function record(run_id) return hash_to_table(redis.call('HGETALL', key_run
 -- The lifecycle log: a list of small JSON entries (a one-entry stream would cost some 4 KB, the
 -- list 260 B). Queued and started are not logged: the record's created_at, started_at and owner
 -- tell them, so a run that just runs costs no log at all.
-local function add_event(run_id, etype, data)
+-- An event of the run's log, at ``at`` (a formatted time: the moment the record names) or now.
+local function add_event(run_id, etype, data, at)
   local key = key_events(run_id)
-  local n = redis.call('RPUSH', key, cjson.encode({[ENTRY.TYPE] = etype, [ENTRY.AT] = NOW, [ENTRY.DATA] = data}))
+  local n = redis.call('RPUSH', key, cjson.encode({[ENTRY.TYPE] = etype, [ENTRY.AT] = at or NOW, [ENTRY.DATA] = data}))
   if n > EVENTS_MAX then redis.call('LTRIM', key, -EVENTS_MAX, -1) end
 end
 

@@ -18,9 +18,9 @@ for _, item in ipairs(A.items) do
   if ours and ACTIVE[cur[1]] then
     if item.phase ~= '' then redis.call('HSET', rk, R.PHASE, item.phase) end
     if item.delivered_at ~= '' and cur[4] and not cur[5] then
-      local at = math.min(math.max(tonumber(item.delivered_at), tonumber(cur[4])), NOW_S)
-      redis.call('HSET', rk, R.CANCEL_DELIVERED_AT, fmt(at))
-      add_event(run_id, E.CANCEL_DELIVERED, {node = A.node_id})
+      local at = fmt(math.min(math.max(tonumber(item.delivered_at), tonumber(cur[4])), NOW_S))
+      redis.call('HSET', rk, R.CANCEL_DELIVERED_AT, at)
+      add_event(run_id, E.CANCEL_DELIVERED, {node = A.node_id}, at)  -- the record's moment
     end
     for _, e in ipairs(item.relay) do relay_add(run_id, e[1], e[2], e[3]) end
     updated = updated + 1

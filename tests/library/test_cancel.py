@@ -45,8 +45,25 @@ async def test_cancel_from_another_node_stops_run_at_checkpoint(make_bus: BusFac
     )
     await run.done()
     assert run.handle is not None and run.handle.final_status is RunStatus.CANCELLED
-    types = [e.type for e in await b.events(run.run_id)]
-    assert types == ["run.started", "run.cancel_requested", "run.cancel_delivered", "run.finished"]
+    events = await b.events(run.run_id)
+    assert [e.type for e in events] == [
+        "run.started",
+        "run.cancel_requested",
+        "run.cancel_delivered",
+        "run.cancel_observed",
+        "run.finished",
+    ]
+    # one time per phase: each event is at the moment the record names
+    final = await b.get_run(run.run_id)
+    assert final is not None
+    recorded = [
+        final.started_at,
+        final.cancel_requested_at,
+        final.cancel_delivered_at,
+        final.cancel_observed_at,
+        final.finished_at,
+    ]
+    assert [e.at for e in events] == pytest.approx(recorded, abs=1e-6)
 
 
 async def test_cancel_on_the_owner_node_uses_the_local_path(make_bus: BusFactory) -> None:
