@@ -5,13 +5,17 @@ real server answers exactly the runs the matcher accepts."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 
+import redis.asyncio as aioredis
 from hypothesis import given
 from hypothesis import strategies as st
 
 from cancel_bus import RunFilter, RunInfo, RunStatus, recency
+from cancel_bus._keys import KeySpace
 
 from ..conftest import BusFactory
+from ..helpers import calls_on
 
 NAMES = st.sampled_from(["a", "b", "a.b"])
 STATUSES = st.sampled_from([*RunStatus, "active", "finished", "all"])
@@ -124,3 +128,54 @@ async def test_a_list_answers_what_the_matcher_accepts(make_bus: BusFactory) -> 
         hold.set()
         await asyncio.gather(*tasks)
     assert len(every) == 8
+
+
+async def test_the_lua_selector_agrees_with_the_matcher(
+    raw_redis: aioredis.Redis, namespace: str
+) -> None:
+    """Selectors are matched in Redis (a tombstone must be checked atomically with a start): on
+    every criterion they share with :class:`RunFilter` (id, session parts, node), over a grid of
+    records and every selector of the grid, both pick the same active runs."""
+    keys = KeySpace(namespace)
+    grid = list(itertools.product(["a", "b"], ["a", "b"], ["s", "t"], ["n1", "n2"], STATES))
+    runs = []
+    for number, (app, user, session, owner, status) in enumerate(grid):
+        run = RunInfo(
+            run_id=f"r{number:03d}",
+            status=status,
+            owner=owner,
+            app_name=app,
+            user_id=user,
+            session_id=session,
+            created_at=1000.0 + number,
+        )
+        runs.append(run)
+        await raw_redis.hset(keys.run(run.run_id), mapping=_record(run))
+        await raw_redis.zadd(keys.active, {run.run_id: run.created_at})
+    calls = calls_on(raw_redis, namespace)
+    choices = {
+        "run_id": [None, "r000", "r017"],
+        "app_name": [None, "a"],
+        "user_id": [None, "b"],
+        "session_id": [None, "t"],
+        "node_id": [None, "n2"],
+    }
+    for values in itertools.product(*choices.values()):
+        chosen = {k: v for k, v in zip(choices, values, strict=True) if v is not None}
+        if not chosen:
+            continue
+        wanted = RunFilter(
+            id_prefix=chosen.get("run_id"),  # ids of one length: a prefix is the whole id
+            **{k: v for k, v in chosen.items() if k != "run_id"},
+        )
+        selected = await calls.select_runs(chosen)
+        assert sorted(selected) == sorted(r.run_id for r in runs if wanted.matches(r)), chosen
+
+
+STATES = [RunStatus.RUNNING, RunStatus.QUEUED, RunStatus.WAITING, RunStatus.SUCCEEDED]
+
+
+def _record(run: RunInfo) -> dict[str, str]:
+    """The run's record as the scripts store it (the fields the matchers read)."""
+    fields = run.model_dump(include={"run_id", "owner", "app_name", "user_id", "session_id"})
+    return {**fields, "status": run.status.value, "created_at": f"{run.created_at:.6f}"}
