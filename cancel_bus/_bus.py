@@ -28,6 +28,7 @@ from ._types import (
     BusStats,
     CancelMode,
     CancelResult,
+    MultitaskStrategy,
     NodeInfo,
     RunEvent,
     RunInfo,
@@ -194,21 +195,36 @@ class CancelBus:
         relay: bool = False,
         parent: str | None = None,
         detached: bool = False,
+        multitask_strategy: MultitaskStrategy | str = MultitaskStrategy.REJECT,
+        interrupt_mode: CancelMode | str = CancelMode.CHECKPOINT,
+        interrupt_timeout: float = 10.0,
     ) -> RunScope:
         """Run here: ``async with bus.run(...) as run``. A queued run of that id is claimed.
 
         ``relay=True`` makes what the run emits readable by :meth:`follow` on any node. A run
         started inside another run's code (its task, or tasks it started) is that run's child,
         as one given a ``parent`` run id is (from any node): cancelling the parent cancels it,
-        and it never starts once the parent's cancel is accepted. ``detached`` starts no child."""
+        and it never starts once the parent's cancel is accepted. ``detached`` starts no child.
+
+        A session with an active run (on any node): ``multitask_strategy`` ``reject`` raises
+        :class:`SessionBusy`; ``interrupt`` cancels that run (``interrupt_mode``, cause
+        ``interrupt``, asked by this run), waits up to ``interrupt_timeout`` for its end, then
+        starts (``run.interrupted`` is the run as it ended); ``rollback`` as interrupt, the
+        interrupted run recorded with its output discarded (end reason ``rolled_back``).
+        :class:`SessionBusy` if it did not end in time."""
+        session = check.session(app_name, user_id, session_id)
+        strategy = check.multitask(multitask_strategy, session)
         spec = RunSpec(
             run_id=check.run_id(run_id),
-            session=check.session(app_name, user_id, session_id),
+            session=session,
             metadata=check.run_metadata(metadata),
             relay=relay,
             parent=check.parent(parent, detached),
+            strategy=strategy,
+            interrupt_mode=check.mode(interrupt_mode),
+            interrupt_timeout=check.timeout(interrupt_timeout),
         )
-        return RunScope(self._node.local, spec)
+        return RunScope(self._node.local, spec, self._node.caller)
 
     async def enqueue(
         self,

@@ -15,12 +15,22 @@ import asyncio
 import logging
 
 from ._calls import ScriptCalls
-from ._errors import BusUnavailable
+from ._errors import BusUnavailable, SessionBusy
+from ._messages import run_target
 from ._ports import Delivery, Identified, Keeper, Owner
 from ._protocol import CancelAnswer, CancelOrder, Code
 from ._reads import Reads
 from ._redis import within
-from ._types import BusStats, CancelRequest, CancelResult, Outcome, RunInfo, RunStatus
+from ._run import RunSpec
+from ._types import (
+    BusStats,
+    CancelRequest,
+    CancelResult,
+    Outcome,
+    RunInfo,
+    RunStatus,
+    StopCause,
+)
 from ._waiters import Waiters
 
 log = logging.getLogger("cancel_bus")
@@ -72,6 +82,27 @@ class CallerSide:
                 )
             await asyncio.sleep(pause)
             pause = min(2 * pause, RECOVERING_MOST)
+
+    async def interrupt(self, holder: str, spec: RunSpec, timeout: float) -> RunInfo | None:
+        """Cancel the session's active run ``holder`` for the new run ``spec`` (its strategy is
+        the cancel's cause, the new run the one who asks) and wait for its end -> the run as it
+        ended (``None``: it was gone already). :class:`SessionBusy` if it did not end within
+        ``timeout``: the cancel stands, and will still be honoured."""
+        order = CancelOrder(
+            target=run_target(holder),
+            run_id=holder,
+            session=None,
+            mode=spec.interrupt_mode,
+            reason=f"{spec.strategy.value}: run {spec.run_id} of its session",
+            requested_by=spec.run_id,
+            cause=StopCause(spec.strategy.value),
+            tree=True,
+        )
+        result = await self.cancel(order, wait=True, timeout=timeout)
+        if result.outcome is Outcome.STOPPING:
+            assert spec.session is not None
+            raise SessionBusy(spec.session, holder)
+        return result.run if result.outcome is not Outcome.NOT_FOUND else None
 
     async def settle(
         self, answer: CancelAnswer, target: str, wait: bool, deadline: float

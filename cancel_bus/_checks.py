@@ -10,7 +10,14 @@ from typing import Any, cast
 from ._errors import InvalidArgument
 from ._keys import validate_id
 from ._run_state import current_run
-from ._types import REQUEST_CAUSES, CancelMode, RunStatus, StatusFilter, StopCause
+from ._types import (
+    REQUEST_CAUSES,
+    CancelMode,
+    MultitaskStrategy,
+    RunStatus,
+    StatusFilter,
+    StopCause,
+)
 
 MAX_TEXT = 1000
 MAX_LIST_LIMIT = 1000
@@ -183,6 +190,22 @@ def status_filter(value: RunStatus | str) -> StatusFilter:
         return RunStatus(value)
     except ValueError:
         raise InvalidArgument(f"invalid status {value!r}") from None
+
+
+def multitask(
+    value: MultitaskStrategy | str, session: tuple[str, str, str] | None
+) -> MultitaskStrategy:
+    """A run's strategy for a busy session: any but ``reject`` needs a session key."""
+    try:
+        strategy = MultitaskStrategy(value)
+    except ValueError:
+        valid = ", ".join(s.value for s in MultitaskStrategy)
+        raise InvalidArgument(f"invalid multitask_strategy {value!r} (one of {valid})") from None
+    require(
+        strategy is MultitaskStrategy.REJECT or session is not None,
+        f"multitask_strategy {strategy.value!r} needs a session key",
+    )
+    return strategy
 
 
 def optional_id(value: str | None, what: str) -> str | None:

@@ -20,9 +20,9 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Protocol
 
-from ._errors import InvalidArgument, RunEnded
+from ._errors import InvalidArgument, RunEnded, SessionBusy
 from ._run_state import Ending, RunState, current_run
-from ._types import CancelRequest, RunInfo, RunStatus, StopCause
+from ._types import CancelMode, CancelRequest, MultitaskStrategy, RunInfo, RunStatus, StopCause
 
 
 class RunOwner(Protocol):
@@ -46,11 +46,24 @@ MAX_LABEL = 200  # characters of a phase or an event type
 
 @dataclass(frozen=True, slots=True)
 class RunSpec:
+    """A run to start, checked: its id, session key, metadata, relay, parent, and what it does
+    to its session's active run (``strategy``, the cancel's ``interrupt_mode``, and how long
+    it waits for that run's end: ``interrupt_timeout``)."""
+
     run_id: str
     session: tuple[str, str, str] | None
     metadata: dict[str, Any] | None
     relay: bool
     parent: str | None = None
+    strategy: MultitaskStrategy = MultitaskStrategy.REJECT
+    interrupt_mode: CancelMode = CancelMode.CHECKPOINT
+    interrupt_timeout: float = 10.0
+
+
+class Interrupter(Protocol):
+    """Who stops a session's active run for a new one (the caller side)."""
+
+    async def interrupt(self, holder: str, spec: RunSpec, timeout: float) -> RunInfo | None: ...
 
 
 class RunHandle:
@@ -62,11 +75,12 @@ class RunHandle:
     call is recorded on the run (``RunInfo.leaked_after_cancel``: counts and the first call's
     site) and counted (``BusStats.leaks``)."""
 
-    __slots__ = ("_owner", "_state")
+    __slots__ = ("_interrupted", "_owner", "_state")
 
     def __init__(self, state: RunState, owner: RunOwner) -> None:
         self._state = state
         self._owner = owner
+        self._interrupted: RunInfo | None = None
 
     def checkpoint(self) -> None:
         """Raise :class:`RunCancelled` if a cancel (other than ``after_turn``) was delivered."""
@@ -110,6 +124,13 @@ class RunHandle:
     def info(self) -> RunInfo:
         """The run as recorded when it started here."""
         return self._state.info
+
+    @property
+    def interrupted(self) -> RunInfo | None:
+        """The run of the session this one interrupted to start (``multitask_strategy``
+        ``interrupt`` or ``rollback``), as it ended: its id, and its output to go on from (none
+        after a rollback); ``None`` if it interrupted nothing."""
+        return self._interrupted
 
     @property
     def app_name(self) -> str | None:
@@ -268,14 +289,17 @@ class ProfiledRunHandle(RunHandle):
 class RunScope:
     """``async with bus.run(...) as run``: registers on entry, records the end on exit."""
 
-    def __init__(self, owner: RunOwner, spec: RunSpec) -> None:
+    def __init__(
+        self, owner: RunOwner, spec: RunSpec, interrupter: Interrupter | None = None
+    ) -> None:
         self._owner = owner
         self._spec = spec
+        self._interrupter = interrupter
         self._handle: RunHandle | None = None
         self._current: Token[RunState | None] | None = None
 
     async def __aenter__(self) -> RunHandle:
-        handle = await self._owner.start_run(self._spec)
+        handle = await self._start()
         handle._state.bind_task(asyncio.current_task())
         if isinstance(handle, ProfiledRunHandle):
             frame = sys._getframe(1)
@@ -285,6 +309,26 @@ class RunScope:
         self._handle = handle
         self._current = current_run.set(handle._state)
         return handle
+
+    async def _start(self) -> RunHandle:
+        """Start the run; a busy session's active run is interrupted first if the strategy
+        says so (again, if another run took the session meanwhile), within its timeout."""
+        spec = self._spec
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + spec.interrupt_timeout
+        interrupted: RunInfo | None = None
+        while True:
+            try:
+                handle = await self._owner.start_run(spec)
+            except SessionBusy as busy:
+                left = deadline - loop.time()
+                if spec.strategy is MultitaskStrategy.REJECT or not self._interrupter or left <= 0:
+                    raise
+                ended = await self._interrupter.interrupt(busy.active_run_id, spec, left)
+                interrupted = ended or interrupted
+                continue
+            handle._interrupted = interrupted
+            return handle
 
     async def __aexit__(
         self,

@@ -74,6 +74,8 @@ class StopCause(StrEnum):
     CLIENT_DISCONNECT = "client_disconnect"  # the client streaming the run went away
     NODE_SHUTDOWN = "node_shutdown"  # its node drained
     PARENT = "parent"  # the run it was started under was cancelled
+    INTERRUPT = "interrupt"  # a new run of its session interrupts it (it ends ``interrupted``)
+    ROLLBACK = "rollback"  # as interrupt, its output discarded (it ends ``rolled_back``)
     LEASE_LOST = "lease_lost"  # Redis said its node's lease is gone (the node was fenced)
     REDIS_UNREACHABLE = "redis_unreachable"  # its node lost Redis for the self-fence deadline
 
@@ -84,12 +86,37 @@ class StopCause(StrEnum):
 
 
 REQUEST_CAUSES = frozenset(
-    {StopCause.USER, StopCause.CLIENT_DISCONNECT, StopCause.NODE_SHUTDOWN, StopCause.PARENT}
+    {
+        StopCause.USER,
+        StopCause.CLIENT_DISCONNECT,
+        StopCause.NODE_SHUTDOWN,
+        StopCause.PARENT,
+        StopCause.INTERRUPT,
+        StopCause.ROLLBACK,
+    }
 )
 
 
+class MultitaskStrategy(StrEnum):
+    """What a new run of a session does when the session has an active run ("double
+    texting"): ``reject`` it (:class:`SessionBusy`), ``interrupt`` it (cancel it, wait for its
+    end, then start: the new run reads the one it interrupted), or ``rollback`` (as interrupt,
+    the interrupted run recorded with its output discarded)."""
+
+    REJECT = "reject"
+    INTERRUPT = "interrupt"
+    ROLLBACK = "rollback"
+
+
 EndReason = Literal[
-    "completed", "cancelled", "error", "owner_lost", "lease_lost", "redis_unreachable"
+    "completed",
+    "cancelled",
+    "interrupted",
+    "rolled_back",
+    "error",
+    "owner_lost",
+    "lease_lost",
+    "redis_unreachable",
 ]
 
 

@@ -7,7 +7,8 @@
 --    record (the run as the owner knows it, JSON, to re-create a record Redis lost, or '': the
 --    usual case; if the record is lost, the answer says so), notes (JSON or '': see write_notes)
 -- A run is recorded cancelled only if a cancel was requested: an accepted request makes any end
--- 'cancelled' (end_reason says how it ended); a node's drain records its own request; any other
+-- 'cancelled' (end_reason says how it ended: 'interrupted' or 'rolled_back', its output discarded,
+-- for a new run's request of those causes); a node's drain records its own request; any other
 -- stop without a request is 'failed' with the stop cause as end_reason.
 -- -> {code = ok (status, end_reason) | done (status: ended by someone else) | fenced (status)
 --    | missing (Redis forgot the node: retry after it re-registers) | record_lost (call again
@@ -55,10 +56,14 @@ elseif status == 'cancelled' and cause ~= '' and cause ~= 'node_shutdown' then
   end_reason = cause  -- a request was pending, but its node stopped it first
 end
 if requested_at then status = 'cancelled' end
+local asked = requested_at and redis.call('HGET', rk, R.CANCEL_CAUSE)
+local discard = asked == 'rollback'  -- a rollback keeps none of the run's output
+if end_reason == 'cancelled' and asked == 'interrupt' then end_reason = 'interrupted' end
+if end_reason == 'cancelled' and discard then end_reason = 'rolled_back' end
 local fields = {}
 local function put(k, v) table.insert(fields, k); table.insert(fields, v) end
-if A.output ~= '' then put(R.OUTPUT, A.output) end
-if A.truncated then put(R.OUTPUT_TRUNCATED, '1') end
+if A.output ~= '' and not discard then put(R.OUTPUT, A.output) end
+if A.truncated and not discard then put(R.OUTPUT_TRUNCATED, '1') end
 if A.error ~= '' then put(R.ERROR, A.error) end
 if A.phase ~= '' then put(R.PHASE, A.phase) end
 if requested_at then

@@ -1,11 +1,17 @@
-"""The README's library example runs as written, against a real server; the design's module map
-names the library's modules as they are."""
+"""The README's library examples run as written, against a real server; the design's module
+map names the library's modules as they are."""
 
 from __future__ import annotations
 
+import asyncio
 import re
 from pathlib import Path
 from typing import Any
+
+from cancel_bus import CancelBus
+
+from ..conftest import BusFactory
+from ..helpers import WAIT
 
 ROOT = Path(__file__).parents[2]
 README = ROOT / "README.md"
@@ -18,6 +24,39 @@ async def test_readme_library_example_runs(redis_url: str, capsys: Any) -> None:
     exec(compile(blocks[0], "README.md", "exec"), namespace)
     await namespace["main"](redis_url)
     assert capsys.readouterr().out.startswith("cancelled cancelled ")
+
+
+async def test_the_readme_double_texting_example_runs(make_bus: BusFactory) -> None:
+    """The follow-up of the README interrupts the session's run on another node and goes on
+    from its output."""
+    (block,) = [
+        b
+        for b in re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
+        if "multitask_strategy" in b
+    ]
+    namespace: dict[str, Any] = {"CancelBus": CancelBus}
+    exec(compile(block, "README.md", "exec"), namespace)
+    owner, other = await make_bus(), await make_bus()
+    entered = asyncio.Event()
+
+    async def first() -> None:
+        async with owner.run(app_name="chat", user_id="u1", session_id="s1") as run:
+            run.emit("draft")
+            entered.set()
+            while True:
+                run.checkpoint()
+                await asyncio.sleep(0.01)
+
+    task = asyncio.create_task(first())
+    async with asyncio.timeout(WAIT):
+        await entered.wait()
+    await namespace["follow_up"](other, "shorter, please")
+    await task
+    runs = await other.list_runs("all", app_name="chat")
+    assert [(r.end_reason, r.output) for r in runs] == [
+        ("completed", "draft[then: shorter, please]"),
+        ("interrupted", "draft"),
+    ]
 
 
 def test_the_design_module_map_names_every_library_module() -> None:

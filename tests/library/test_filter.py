@@ -92,6 +92,9 @@ def test_recency_is_the_end_else_the_creation(run: RunInfo) -> None:
     assert recency(run) == (run.created_at if run.finished_at is None else run.finished_at)
 
 
+CASES = list(itertools.product((0, 1), ("x", "y"), (True, False)))  # node, app, the run ends
+
+
 async def test_a_list_answers_what_the_matcher_accepts(make_bus: BusFactory) -> None:
     """Runs of two nodes, two apps, active and ended: each list the bus answers is the runs
     the matcher accepts of all of them, newest first."""
@@ -106,13 +109,13 @@ async def test_a_list_answers_what_the_matcher_accepts(make_bus: BusFactory) -> 
                 await hold.wait()
 
     tasks = []
-    for node in (0, 1):
-        for app in ("x", "y"):
-            for ends in (True, False):
-                entered.append(asyncio.Event())
-                tasks.append(asyncio.create_task(one(node, app, ends)))
-                async with asyncio.timeout(5):
-                    await entered[-1].wait()
+    for node, app, ends in CASES:
+        entered.append(asyncio.Event())
+        tasks.append(asyncio.create_task(one(node, app, ends)))
+        async with asyncio.timeout(5):
+            await entered[-1].wait()
+    ending = [task for task, (_, _, ends) in zip(tasks, CASES, strict=True) if ends]
+    await asyncio.gather(*ending)  # their ends recorded: the lists below read a still world
     every = await nodes[0].list_runs(status="all", limit=1000)
     try:
         for status in ("active", "finished", "all", RunStatus.SUCCEEDED, RunStatus.RUNNING):

@@ -233,7 +233,7 @@ async def test_acl_user_of_one_namespace_runs_the_library_and_nothing_else(
             result = await b.cancel_session("app", "u", "s", timeout=WAIT)
             assert result.outcome is Outcome.CANCELLED
             await run.done()
-            assert len(await b.events(run.run_id)) == 4 and len(await b.list_nodes()) == 2
+            assert len(await b.events(run.run_id)) == 5 and len(await b.list_nodes()) == 2
             queued = await b.enqueue()
             async with a.run(queued.run_id, relay=True) as claimed:
                 await claimed.pause()

@@ -1,0 +1,200 @@
+"""Double texting across processes: a second run of a busy session, on another node, rejects,
+interrupts or rolls back the active run (``multitask_strategy``). Each node is a process of its
+own (``session_runner.py``) on one server; the records are read from a bus here."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import pytest
+
+from cancel_bus import CancelBus, InvalidArgument, RunStatus, SessionBusy
+
+from ..conftest import BusFactory
+from ..helpers import WAIT
+from .session_runner import APP, USER
+
+Step = dict[str, Any]
+
+
+class Runner:
+    """One node process running one run of the session; its steps as it says them."""
+
+    def __init__(self, process: asyncio.subprocess.Process) -> None:
+        self.process = process
+
+    async def step(self) -> Step:
+        """The next thing it says (within the test's wait)."""
+        assert self.process.stdout is not None
+        async with asyncio.timeout(WAIT + 10):
+            line = await self.process.stdout.readline()
+        assert line, "the runner ended without a word"
+        step: Step = json.loads(line)
+        return step
+
+    async def ended(self) -> int:
+        """Its exit code, once it exits."""
+        async with asyncio.timeout(WAIT + 10):
+            return await self.process.wait()
+
+
+Start = Callable[[str, str], Awaitable[Runner]]
+
+
+@pytest.fixture
+async def start(redis_url: str, namespace: str) -> AsyncIterator[Start]:
+    """Start a runner process: ``await start(strategy, run_id)``, all on one session."""
+    session = f"s-{uuid.uuid4().hex[:8]}"
+    runners: list[Runner] = []
+
+    async def launch(strategy: str, run_id: str) -> Runner:
+        process = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "tests.library.session_runner",
+            redis_url,
+            namespace,
+            session,
+            strategy,
+            run_id,
+            stdout=asyncio.subprocess.PIPE,
+        )
+        runners.append(Runner(process))
+        return runners[-1]
+
+    launch.session = session  # type: ignore[attr-defined]
+    yield launch
+    for runner in runners:
+        if runner.process.returncode is None:
+            runner.process.kill()
+            await runner.process.wait()
+
+
+def session_of(start: Start) -> str:
+    return str(start.session)  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("strategy", ["interrupt", "rollback"])
+async def test_a_second_run_on_another_node_interrupts_the_active_one(
+    start: Start, make_bus: BusFactory, strategy: str
+) -> None:
+    ops = await make_bus()
+    first = await start("reject", "first")
+    assert (await first.step())["started"] == "first"
+    await _ticked(ops, "first")
+
+    second = await start(strategy, "second")
+    assert await first.step() == {"cancelled": strategy}  # its code saw why
+    begun = await second.step()
+    assert begun["started"] == "second" and begun["interrupted"] == "first"
+    assert await first.ended() == 0
+
+    ended = await ops.get_run("first")
+    assert ended is not None and ended.status is RunStatus.CANCELLED
+    assert ended.cancel_cause is not None and ended.cancel_cause.value == strategy
+    assert ended.requested_by == "second"  # who interrupted it
+    if strategy == "interrupt":  # the new run reads what the old one had done
+        assert ended.end_reason == "interrupted"
+        assert ended.output.startswith("tick 0 ") and begun["interrupted_output"] == ended.output
+    else:  # rolled back: nothing of it is kept
+        assert ended.end_reason == "rolled_back"
+        assert ended.output == "" and begun["interrupted_output"] == ""
+    active = await ops.session_run(APP, USER, session_of(start))
+    assert active is not None and active.run_id == "second"
+
+
+async def test_reject_leaves_the_active_run_alone(start: Start, make_bus: BusFactory) -> None:
+    ops = await make_bus()
+    first = await start("reject", "first")
+    assert (await first.step())["started"] == "first"
+    second = await start("reject", "second")
+    assert await second.step() == {"busy": "first"}
+    await _ticked(ops, "first")
+    run = await ops.get_run("first")
+    assert run is not None and run.status is RunStatus.RUNNING and run.cancel_requested_at is None
+
+
+async def test_two_follow_ups_racing_end_with_one_active_run_and_true_answers(
+    start: Start, make_bus: BusFactory
+) -> None:
+    """Two nodes interrupt the same run at once: one run of the three is active at the end; the
+    others ended interrupted, each by a run that started, and each process said so."""
+    ops = await make_bus()
+    first = await start("reject", "first")
+    assert (await first.step())["started"] == "first"
+    racers = {name: await start("interrupt", name) for name in ("b", "c")}
+    said: dict[str, list[Step]] = {"first": [await first.step()], "b": [], "c": []}
+    for name, runner in racers.items():
+        said[name].append(await runner.step())
+    assert said["first"] == [{"cancelled": "interrupt"}]
+    started = [name for name in racers if "started" in said[name][0]]
+    assert started, said  # at least one of them started; one that did not was told busy
+    for name in set(racers) - set(started):
+        assert said[name] == [{"busy": said[name][0]["busy"]}]
+    if len(started) == 2:  # both started: the later one interrupted the earlier one
+        earlier = next(n for n in started if said[n][0]["interrupted"] == "first")
+        said[earlier].append(await racers[earlier].step())
+        assert said[earlier][-1] == {"cancelled": "interrupt"}
+    active = await ops.session_run(APP, USER, session_of(start))
+    assert active is not None and active.status is RunStatus.RUNNING
+    for run_id in ("first", "b", "c"):
+        run = await ops.get_run(run_id)
+        if run is None or run_id == active.run_id:
+            continue
+        assert run.status is RunStatus.CANCELLED and run.end_reason == "interrupted", run
+        assert run.requested_by in started  # interrupted by a run that started
+
+
+async def test_a_strategy_needs_a_session_and_a_known_name(make_bus: BusFactory) -> None:
+    bus: CancelBus = await make_bus()
+    with pytest.raises(InvalidArgument, match="needs a session key"):
+        bus.run(multitask_strategy="interrupt")
+    with pytest.raises(InvalidArgument, match="invalid multitask_strategy"):
+        bus.run(app_name="a", user_id="u", session_id="s", multitask_strategy="enqueue-ish")
+
+
+async def test_an_interrupt_that_outlasts_its_timeout_is_session_busy(
+    make_bus: BusFactory,
+) -> None:
+    """The active run ignores its cancel (no checkpoint): the new run does not start, and says
+    the session is still busy; the cancel stands."""
+    owner, other = await make_bus(), await make_bus()
+    hold = asyncio.Event()
+    entered = asyncio.Event()
+
+    async def stubborn() -> None:
+        async with owner.run("old", app_name="a", user_id="u", session_id="s"):
+            entered.set()
+            await hold.wait()
+
+    task = asyncio.create_task(stubborn())
+    async with asyncio.timeout(WAIT):
+        await entered.wait()
+    with pytest.raises(SessionBusy):
+        async with other.run(
+            app_name="a",
+            user_id="u",
+            session_id="s",
+            multitask_strategy="interrupt",
+            interrupt_timeout=0.3,
+        ):
+            pytest.fail("it started on a busy session")
+    run = await other.get_run("old")
+    assert run is not None and run.cancel_requested_at is not None and run.is_active
+    hold.set()
+    await task
+    final = await other.wait("old", timeout=WAIT)
+    assert final is not None and final.status is RunStatus.CANCELLED
+
+
+async def _ticked(bus: CancelBus, run_id: str) -> None:
+    """Until the run's code has emitted (its relay-less output lands with its end, so: its
+    phase of life, read from the record, is running and a checkpoint passed)."""
+    async with asyncio.timeout(WAIT):
+        while (run := await bus.get_run(run_id)) is None or run.status is not RunStatus.RUNNING:
+            await asyncio.sleep(0.01)
