@@ -5,7 +5,7 @@ from any node sets the invocation's abort signal.
     await bus.start()
     google_adk.install(bus)  # on the loop that runs the Runners
     ...
-    await bus.cancel_session(app_name, user_id, session_id)  # on any replica
+    await google_adk.cancel_session(bus, app_name, user_id, session_id)  # on any replica
 
 ADK has an abort signal (``run_async(abort_signal=...)``) but no cancel API: ``install`` wraps
 ``Runner.run_async`` (every runner, ``get_fast_api_app``'s included) so that each invocation
@@ -13,12 +13,18 @@ registers a bus run of ``(app_name, user_id, session_id)`` before ADK starts, ha
 signal of its own, and sets it as the cancel's mode asks. ADK then ends the invocation its own
 way: the work in flight is cancelled, its abort events are yielded and stored, and the session
 history is as ADK leaves it. :func:`add_cancel_routes` gives ADK's FastAPI app the cancel routes
-a caller without the library uses.
+a caller without the library uses; :func:`cancel_session` is the same cancel for a caller with it.
 
 Modes: ``immediate`` sets the signal at once (ADK interrupts the model stream or tool in flight);
 ``checkpoint`` sets it at the invocation's next event (each event is a checkpoint: the event in
 flight is delivered, then ADK aborts); ``after_turn`` sets it once a turn completed (a model
 response and the results of every function call it asked for), before the next model call.
+
+Cancel-before-start: an invocation registers when its stream is first read, after ``run_async``
+was called. A cancel by session through the routes or :func:`cancel_session` that finds no
+invocation is held for up to ``start_grace`` seconds (see ``_held.py``); an invocation of the
+session asked for before the cancel that registers meanwhile claims it and is aborted at its
+first step (ADK is handed a signal already set), and the cancel answers for it.
 """
 
 from __future__ import annotations
@@ -50,12 +56,21 @@ from cancel_bus import (
     RunHandle,
 )
 
+from ._held import HeldCancels
 from ._sessions import Turns, bus_session, enter_session_run, event_text
 
-__all__ = ["SUPPORTED", "CancelBody", "add_cancel_routes", "install", "uninstall"]
+__all__ = [
+    "SUPPORTED",
+    "CancelBody",
+    "add_cancel_routes",
+    "cancel_session",
+    "install",
+    "uninstall",
+]
 
 SUPPORTED = "google-adk>=2.13,<3"
 METADATA = {"integration": "google-adk"}
+START_GRACE = 1.0  # seconds a session cancel that finds no invocation waits for one to register
 STATUS = {  # the HTTP answer of each outcome, as the node service's
     Outcome.CANCELLED: 200,
     Outcome.STOPPING: 202,
@@ -74,6 +89,7 @@ _RUN_ASYNC = (
     "yield_user_message",
     "abort_signal",
 )
+_SESSION = {"user_id", "session_id"}  # run_async's parameters that name the session
 _ORIGINAL_RUN_ASYNC = Runner.run_async
 _INSTALL_LOCK = threading.Lock()
 # The bus run of the invocation whose code runs here: a nested Runner (``AgentTool``) is its child.
@@ -145,6 +161,7 @@ class _Installed:
     bus: CancelBus
     loop: asyncio.AbstractEventLoop
     busy_timeout: float
+    held: HeldCancels
 
 
 _INSTALLED: list[_Installed] = []  # at most one: the wrapper is process-wide
@@ -170,7 +187,7 @@ def install(bus: CancelBus, *, busy_timeout: float = 10.0) -> None:
                 f"cancel_bus.integrations.google_adk supports {SUPPORTED}; google-adk {version} "
                 f"changed Runner.run_async's parameters to {parameters}"
             )
-        _INSTALLED.append(_Installed(bus, loop, busy_timeout))
+        _INSTALLED.append(_Installed(bus, loop, busy_timeout, HeldCancels(bus)))
         Runner.run_async = _run_async  # type: ignore[method-assign]
 
 
@@ -188,15 +205,25 @@ def _run_async(self: Runner, **kwargs: Any) -> AsyncGenerator[Event, None]:
         running = asyncio.get_running_loop()
     except RuntimeError:
         running = None
-    if installed is None or running is not installed.loop:
-        return _ORIGINAL_RUN_ASYNC(self, **kwargs)
-    return _bus_run(installed, self, kwargs)
+    if installed is None or running is not installed.loop or not _SESSION.issubset(kwargs):
+        return _ORIGINAL_RUN_ASYNC(self, **kwargs)  # (ADK's own says what is missing)
+    session = bus_session(self.app_name, kwargs["user_id"], kwargs["session_id"])
+    # the session's hold as of now, read by Redis after this call: a hold it sees was recorded
+    # before the invocation was asked for, and is not the invocation's to claim
+    seen = asyncio.ensure_future(installed.held.seen(session))
+    return _bus_run(installed, self, kwargs, session, seen)
 
 
 async def _bus_run(
-    installed: _Installed, runner: Runner, kwargs: dict[str, Any]
+    installed: _Installed,
+    runner: Runner,
+    kwargs: dict[str, Any],
+    session: tuple[str, str, str],
+    seen: asyncio.Future[str | None],
 ) -> AsyncGenerator[Event, None]:
-    session = bus_session(runner.app_name, kwargs["user_id"], kwargs["session_id"])
+    """The invocation under a bus run of its session, registered at the first read; a cancel
+    held for the session since ``run_async`` was called (one that ``seen`` did not see) is
+    applied then."""
     # entered in a task of its own: an immediate cancel aborts ADK, it does not cancel our task
     scope, handle = await asyncio.ensure_future(
         enter_session_run(
@@ -214,6 +241,8 @@ async def _bus_run(
     current = _CURRENT.set(handle.run_id)
     error: BaseException | None = None
     try:
+        await _claim_held(installed, session, handle, await seen)
+        invocation.check()  # the start is a turn boundary: a cancel delivered by now aborts ADK
         events = _ORIGINAL_RUN_ASYNC(runner, **{**kwargs, "abort_signal": invocation.abort})
         async with contextlib.aclosing(events):
             async for event in events:
@@ -235,6 +264,21 @@ async def _bus_run(
             await scope.__aexit__(type(end), end, end.__traceback__)
 
 
+async def _claim_held(
+    installed: _Installed, session: tuple[str, str, str], handle: RunHandle, seen: str | None
+) -> None:
+    """Apply the cancel held for the session since the invocation was asked for (a hold other
+    than ``seen``, the one held then; ``None``: unknown, none is claimed), if any: it is
+    recorded on the bus like any cancel, and delivered here before this returns."""
+    if seen is None:
+        return
+    request = await installed.held.claim(session, handle.run_id, seen)
+    if request is not None:
+        await installed.bus.cancel(
+            handle.run_id, mode=request.mode, reason=request.reason, wait=False
+        )
+
+
 async def _relay(caller: asyncio.Event, abort: asyncio.Event) -> None:
     """ADK's caller's abort signal (a client that went away) aborts the invocation too."""
     await caller.wait()
@@ -253,11 +297,42 @@ class CancelBody(BaseModel):
     timeout: float = Field(default=5.0, ge=0.1, le=60.0)
 
 
-def add_cancel_routes(app: FastAPI, bus: CancelBus) -> None:
+async def cancel_session(
+    bus: CancelBus,
+    app_name: str,
+    user_id: str,
+    session_id: str,
+    *,
+    mode: CancelMode | str = CancelMode.CHECKPOINT,
+    reason: str | None = None,
+    wait: bool = True,
+    timeout: float = 5.0,
+    start_grace: float = START_GRACE,
+) -> CancelResult:
+    """Cancel the ADK session's invocation, wherever it runs (from any node with a bus; no
+    :func:`install` needed here): ``bus.cancel_session`` of the session's bus key.
+
+    If no invocation of the session is active, the cancel is held up to ``start_grace`` seconds:
+    an invocation asked for (``run_async`` called) before it that registers meanwhile is aborted
+    at its first step, and the answer is for it; ``not_found`` only if none did (a later
+    invocation is never touched). ``wait``/``timeout`` as the bus's, counted after the grace
+    when the cancel was held."""
+    return await HeldCancels(bus).cancel_session(
+        bus_session(app_name, user_id, session_id),
+        mode=CancelMode(mode),
+        reason=reason,
+        grace=start_grace,
+        wait=wait,
+        timeout=timeout,
+    )
+
+
+def add_cancel_routes(app: FastAPI, bus: CancelBus, *, start_grace: float = START_GRACE) -> None:
     """Add to ADK's app (``get_fast_api_app``):
 
     * ``POST /apps/{app_name}/users/{user_id}/sessions/{session_id}/cancel``: the session's
-      active invocation, wherever it runs;
+      active invocation, wherever it runs (:func:`cancel_session`: a cancel that finds none is
+      held up to ``start_grace`` seconds for one asked for before it);
     * ``POST /runs/{run_id}/cancel``: a bus run by its id.
 
     Both take :class:`CancelBody` and answer the bus's ``CancelResult`` as JSON, with the node
@@ -265,16 +340,20 @@ def add_cancel_routes(app: FastAPI, bus: CancelBus) -> None:
     finished)."""
 
     @app.post("/apps/{app_name}/users/{user_id}/sessions/{session_id}/cancel")
-    async def cancel_session(
+    async def cancel_session_route(
         app_name: str, user_id: str, session_id: str, body: CancelBody | None = None
     ) -> JSONResponse:
         request = body or CancelBody()
-        result = await bus.cancel_session(
-            *bus_session(app_name, user_id, session_id),
+        result = await cancel_session(
+            bus,
+            app_name,
+            user_id,
+            session_id,
             mode=request.mode,
             reason=request.reason,
             wait=request.wait,
             timeout=request.timeout,
+            start_grace=start_grace,
         )
         return _answer(result)
 

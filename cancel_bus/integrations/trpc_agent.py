@@ -93,11 +93,12 @@ _ORIGINAL_RUN_ASYNC = Runner.run_async
 
 @dataclass(eq=False)
 class _Start:
-    """One ``Runner.run_async`` call until its run registers: when it was asked for (bus clock)
-    and the group it was started in."""
+    """One ``Runner.run_async`` call until its run registers: the session's held cancel as Redis
+    had it when the run was asked for (``seen``: see ``_held.py``) and the group it was started
+    in."""
 
     key: Any  # SessionKey
-    called_at: float
+    seen: asyncio.Future[str | None]
     group: RunGroup | None
     run: LocalRun | None = None
 
@@ -162,7 +163,13 @@ class _Node:
         waiting = self.starting.get(key)
         if waiting:
             return waiting.pop(0)
-        return _Start(key, self.bus.clock(), _GROUP.get())
+        return self.asked(key)
+
+    def asked(self, key: Any) -> _Start:
+        """A start asked for now: the session's hold is read at once (Redis orders that read
+        after the ask; a hold it sees came first and is not this run's to claim)."""
+        session = bus_session(key.app_name, key.user_id, key.session_id)
+        return _Start(key, asyncio.ensure_future(self.held.seen(session)), _GROUP.get())
 
     async def start(self, start: _Start) -> LocalRun:
         """Register a bus run for the start's key and apply the cancels meant for it: one held
@@ -171,7 +178,8 @@ class _Node:
         start.run = run
         try:
             session = bus_session(start.key.app_name, start.key.user_id, start.key.session_id)
-            held = await self.held.claim(session, run.handle.run_id, start.called_at)
+            seen = await start.seen  # None: Redis could not say; nothing is claimed
+            held = None if seen is None else await self.held.claim(session, run.handle.run_id, seen)
             if held is not None:
                 await self.forward(run, held)
             if start.group is not None:
@@ -412,7 +420,7 @@ def _run_async(self: Any, **kwargs: Any) -> AsyncGenerator[Any, None]:
     if node is None:
         return events  # type: ignore[no-any-return]
     key = SessionKey(self.app_name, kwargs["user_id"], kwargs["session_id"])
-    return _followed(node, self, _Start(key, node.bus.clock(), _GROUP.get()), events)
+    return _followed(node, self, node.asked(key), events)
 
 
 async def _followed(

@@ -3,24 +3,36 @@ a client streams an invocation from replica A's ``/run_sse``, and a caller witho
 cancels it with the route ``add_cancel_routes`` added, on A (the owner) or B (another replica), by
 session or by run id, in each mode. ADK aborts the invocation its own way: its abort event ends
 the client's stream and the session's history is as ADK leaves it. A sub-agent called through
-``AgentTool`` (a nested Runner) is a child run, cancelled with it."""
+``AgentTool`` (a nested Runner) is a child run, cancelled with it.
+
+Cancel-before-start: the replicas (adk_replica.py) also call ``run_async`` and read the stream
+only once the test opens a gate, so a session cancel can land between the two: it is held, and
+the invocation asked for before it claims it as it registers; one asked for after it is spared."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
 
 import httpx
 import pytest
+import redis.asyncio as aioredis
 
-from cancel_bus import CancelBus, RunInfo, RunStatus, StopCause
+from cancel_bus import CancelBus, Outcome, RunInfo, RunStatus, StopCause
+from cancel_bus.integrations import google_adk
+from cancel_bus.integrations._held import HeldCancels
+from cancel_bus.integrations._sessions import bus_session
+from node.embedded import EmbeddedServer
 
 from ..helpers import WAIT, eventually
-from .replica import Replica
+from .replica import Replica, running
 from .replica_client import WHERE, ReplicaRuns, delivered
-from .story_support import ENDS, GATED, USER, gates_to_open
+from .story_support import ANSWER, ENDS, GATED, USER, gates_to_open
+
+ADK_REPLICA = "tests.integrations.adk_replica"
 
 ABORTED = "INVOCATION_ABORTED"
 # The session's history ADK keeps (author, text, calls, responses, error) for each mode: the
@@ -104,6 +116,35 @@ class AdkRuns(ReplicaRuns):
             f"{self.at(where).url}{path}", json={"mode": mode, "wait": False}
         )
 
+    def session(self, name: str) -> str:
+        return f"{name}-{uuid.uuid4().hex[:8]}"
+
+    async def ask(self, session: str) -> None:
+        """``run_async`` of an invocation of ``session`` called on A (adk_replica.py); its
+        stream is not read (the invocation does not register) until :meth:`read`."""
+        await self.post(self.a, "/adk/invocations", {"session": session})
+
+    async def read(self, session: str) -> None:
+        await self.open(f"read:{session}")
+
+    async def streamed(self, session: str) -> None:
+        """Until the invocation :meth:`ask` started has yielded its first event."""
+        await self.post(self.a, f"/adk/invocations/{session}/streaming")
+
+    async def outcome(self, session: str) -> dict[str, Any]:
+        """The events of the invocation :meth:`ask` started, once it ended."""
+        outcome: dict[str, Any] = await self.post(self.a, f"/adk/invocations/{session}/result")
+        return outcome
+
+    async def cancel_session(
+        self, where: str, session: str, mode: str, wait: bool = True
+    ) -> httpx.Response:
+        """The session cancel route of ADK's app on a replica."""
+        path = f"/apps/story/users/{USER}/sessions/{session}/cancel"
+        return await self.http.post(
+            f"{self.at(where).url}{path}", json={"mode": mode, "wait": wait}
+        )
+
     async def played(self, session: str) -> dict[str, Any]:
         response = await self.http.get(f"{self.a.url}/stories/{session}")
         response.raise_for_status()
@@ -116,9 +157,17 @@ def namespace(replica_namespace: str) -> str:
     return replica_namespace
 
 
+@pytest.fixture(scope="module")
+def adk_replicas(redis_server: EmbeddedServer, replica_namespace: str) -> Iterator[list[Replica]]:
+    """Replicas A and B of the frameworks (adk_replica.py: ADK invocations held before their
+    first read too), as OS processes."""
+    with running(ADK_REPLICA, 2, redis_server.url, replica_namespace) as replicas:
+        yield replicas
+
+
 @pytest.fixture
-def runs(http: httpx.AsyncClient, frameworks_replicas: list[Replica]) -> AdkRuns:
-    return AdkRuns(http, frameworks_replicas, "story", USER)
+def runs(http: httpx.AsyncClient, adk_replicas: list[Replica]) -> AdkRuns:
+    return AdkRuns(http, adk_replicas, "story", USER)
 
 
 async def record(ops: CancelBus, invocation: Invocation) -> RunInfo:
@@ -202,10 +251,15 @@ async def test_a_cancel_right_after_the_invocation_started_aborts_it_at_its_firs
         await runs.open(f"{gate}:{invocation.session}")
 
 
-async def test_a_cancel_of_an_idle_session_is_not_found(runs: AdkRuns) -> None:
-    path = f"/apps/story/users/{USER}/sessions/idle-{uuid.uuid4().hex[:8]}/cancel"
-    answer = await runs.http.post(f"{runs.b.url}{path}", json={"wait": False})
+async def test_a_cancel_of_an_idle_session_is_not_found_after_the_grace(
+    runs: AdkRuns, ops: CancelBus, raw_redis: aioredis.Redis
+) -> None:
+    """No invocation registers within the route's ``start_grace``: ``not_found``, and the hold
+    is withdrawn (a later invocation finds none)."""
+    session = runs.session("idle")
+    answer = await runs.cancel_session("other", session, "checkpoint", wait=False)
     assert (answer.status_code, answer.json()["outcome"]) == (404, "not_found")
+    assert not await held(raw_redis, hold_of(ops, session))
 
 
 async def test_cancelling_an_invocation_stops_its_sub_agents_run_first(
@@ -236,3 +290,160 @@ async def test_cancelling_an_invocation_stops_its_sub_agents_run_first(
     stopped = await ended(ops, helper.run_id)
     assert (stopped.cancel_cause, stopped.output) == (StopCause.PARENT, "Let me look. ")
     await ended(ops, boss.run_id)
+
+
+# -- cancel before start: the invocation asked for, not yet registered ---------------------------
+
+GRACE = 3.0  # the start_grace of the tests that give cancel_session one of their own
+
+
+def hold_of(ops: CancelBus, session: str) -> str:
+    """The key of the cancel held for the session (in the namespace of the replicas)."""
+    return HeldCancels(ops).key(bus_session("story", USER, session))
+
+
+async def held(redis: aioredis.Redis, key: str) -> bool:
+    return bool(await redis.exists(key))
+
+
+@pytest.mark.parametrize("where", WHERE)
+@pytest.mark.parametrize("mode", ENDS)
+async def test_a_cancel_before_the_invocation_registered_is_held_and_aborts_it_at_its_start(
+    runs: AdkRuns, ops: CancelBus, raw_redis: aioredis.Redis, mode: str, where: str
+) -> None:
+    """``run_async`` was called on A, its stream not read yet (the invocation registers at its
+    first read): the cancel route finds no run and holds the cancel; the invocation claims it as
+    it registers and ADK is aborted before the model is called; the cancel answers for it."""
+    session = runs.session("early")
+    await runs.ask(session)
+    cancel = asyncio.create_task(runs.cancel_session(where, session, mode))
+    await eventually(lambda: held(raw_redis, hold_of(ops, session)))
+
+    await runs.read(session)
+
+    answer = await asyncio.wait_for(cancel, WAIT)
+    assert (answer.status_code, answer.json()["outcome"]) == (200, "cancelled")
+    final = await ended(ops, answer.json()["run"]["run_id"], mode)
+    assert final.session_id == session
+    outcome = await runs.outcome(session)
+    assert (outcome["error"], outcome["model_calls"]) == (None, 0)
+    assert [event["error"] for event in outcome["events"]][-1:] == [ABORTED]
+
+
+@pytest.mark.parametrize("mode", ENDS)
+async def test_cancel_session_without_waiting_is_held_and_answers_for_the_invocation(
+    runs: AdkRuns, ops: CancelBus, raw_redis: aioredis.Redis, mode: str
+) -> None:
+    """``google_adk.cancel_session`` on another node (the test's), ``wait=False``: held, claimed,
+    and answered ``stopping`` (or ``cancelled``, if the invocation ended by then)."""
+    session = runs.session("early")
+    await runs.ask(session)
+    cancel = asyncio.create_task(
+        google_adk.cancel_session(ops, "story", USER, session, mode=mode, wait=False)
+    )
+    await eventually(lambda: held(raw_redis, hold_of(ops, session)))
+
+    await runs.read(session)
+
+    result = await asyncio.wait_for(cancel, WAIT)
+    assert result.outcome in (Outcome.STOPPING, Outcome.CANCELLED) and result.run is not None
+    final = await ended(ops, result.run.run_id, mode)
+    assert final.session_id == session
+    outcome = await runs.outcome(session)
+    assert (outcome["error"], outcome["model_calls"]) == (None, 0)
+
+
+@pytest.mark.parametrize("mode", ENDS)
+async def test_a_held_cancel_spares_an_invocation_asked_for_after_it(
+    runs: AdkRuns, ops: CancelBus, raw_redis: aioredis.Redis, mode: str
+) -> None:
+    """A stop pressed on an idle session, then a message: the invocation asked for after the
+    cancel registers while the cancel is held, and is not touched; the cancel is not_found."""
+    session = runs.session("later")
+    cancel = asyncio.create_task(
+        google_adk.cancel_session(ops, "story", USER, session, mode=mode, start_grace=GRACE)
+    )
+    await eventually(lambda: held(raw_redis, hold_of(ops, session)))
+
+    await runs.ask(session)
+    await runs.read(session)
+    await runs.streamed(session)  # registered, past its claim: the model streams "Let me "
+    assert not cancel.done()  # the cancel is still held
+
+    for gate in ("model", "tool"):
+        await runs.open(f"{gate}:{session}")
+    outcome = await runs.outcome(session)
+    assert (outcome["error"], outcome["model_calls"]) == (None, 2)
+    assert ABORTED not in [event["error"] for event in outcome["events"]]
+    assert outcome["events"][-1]["text"] == ANSWER
+    assert (await asyncio.wait_for(cancel, WAIT)).outcome is Outcome.NOT_FOUND
+    [run] = [r for r in await ops.list_runs("all", app_name="story") if r.session_id == session]
+    assert (run.status, run.cancel_request) == (RunStatus.SUCCEEDED, None)
+
+
+# How far off A's estimate of the Redis clock is made (bus.clock(): time.time() plus an offset
+# taken at each heartbeat; a loop stalled 0.5 s while an answer came is off by as much). Clock
+# comparisons between nodes misordered a cancel and an ask a few milliseconds apart.
+SKEW = 0.25
+
+
+@pytest.fixture
+async def skewed(runs: AdkRuns) -> AsyncIterator[Callable[[float], Awaitable[None]]]:
+    """Skews A's ``bus.clock()`` for the test; restored after it."""
+
+    async def skew(seconds: float) -> None:
+        await runs.post(runs.a, "/adk/clock-skew", {"seconds": seconds})
+
+    try:
+        yield skew
+    finally:
+        await skew(0.0)
+
+
+async def test_a_held_cancel_is_ordered_by_redis_not_by_a_clock_running_ahead(
+    runs: AdkRuns,
+    ops: CancelBus,
+    raw_redis: aioredis.Redis,
+    skewed: Callable[[float], Awaitable[None]],
+) -> None:
+    """A's clock estimate runs ahead: the invocation was asked for before the cancel, though
+    A's clock dates it after. The cancel still reaches it (compared by clock, it was missed:
+    ``not_found``, and the invocation ran on)."""
+    await skewed(SKEW)
+    session = runs.session("early")
+    await runs.ask(session)
+    cancel = asyncio.create_task(runs.cancel_session("other", session, "immediate"))
+    await eventually(lambda: held(raw_redis, hold_of(ops, session)))
+
+    await runs.read(session)
+
+    answer = await asyncio.wait_for(cancel, WAIT)
+    assert (answer.status_code, answer.json()["outcome"]) == (200, "cancelled")
+    assert (await runs.outcome(session))["model_calls"] == 0
+
+
+async def test_a_held_cancel_is_ordered_by_redis_not_by_a_clock_running_behind(
+    runs: AdkRuns,
+    ops: CancelBus,
+    raw_redis: aioredis.Redis,
+    skewed: Callable[[float], Awaitable[None]],
+) -> None:
+    """A's clock estimate runs behind: the invocation was asked for after the cancel, though
+    A's clock dates it before. It is not touched (compared by clock, it was aborted)."""
+    await skewed(-SKEW)
+    session = runs.session("later")
+    cancel = asyncio.create_task(
+        google_adk.cancel_session(ops, "story", USER, session, mode="immediate", start_grace=GRACE)
+    )
+    await eventually(lambda: held(raw_redis, hold_of(ops, session)))
+
+    await runs.ask(session)
+    await runs.read(session)
+    await runs.streamed(session)
+    assert not cancel.done()
+
+    for gate in ("model", "tool"):
+        await runs.open(f"{gate}:{session}")
+    outcome = await runs.outcome(session)
+    assert (outcome["error"], outcome["model_calls"]) == (None, 2)
+    assert (await asyncio.wait_for(cancel, WAIT)).outcome is Outcome.NOT_FOUND
