@@ -79,9 +79,9 @@ def errors(*codes: int, **descriptions: str) -> Responses:
     }
 
 
-# 400: a body JSON cannot parse (not UTF-8, nested too deep, an integer of 4,300+ digits);
-# 413: a body larger than CANCEL_BUS_MAX_BODY_BYTES; 422: bad input; 503: Redis unreachable
-# (or, to start a run, the node draining)
+# 400: a body JSON cannot parse (malformed, not UTF-8, nested too deep, an integer of 4,300+
+# digits); 413: a body larger than CANCEL_BUS_MAX_BODY_BYTES; 422: JSON that is not what the
+# route takes; 503: Redis unreachable (or, to start a run, the node draining)
 BODY_ERRORS = (400, 413, 422, 503)
 CANCEL_ANSWERS: Responses = {
     **errors(*BODY_ERRORS),
@@ -152,10 +152,21 @@ async def start_run_streaming(
     status_code=200,
     responses={**errors(404, 422, 503), **sse.SSE_OK},
 )
-async def follow_run(run_id: IdPath, node: Node, principal: CurrentPrincipal) -> sse.EventStream:
-    """Follow a run's events from now on, whichever node runs it."""
+async def follow_run(
+    run_id: IdPath,
+    node: Node,
+    principal: CurrentPrincipal,
+    from_start: Annotated[
+        bool,
+        Query(
+            description="from the run's first output on (as much as its relay keeps), not "
+            "from now on"
+        ),
+    ] = False,
+) -> sse.EventStream:
+    """Follow a run's events from now on (or ``from_start``), whichever node runs it."""
     bus, run = await _visible_run(node, principal, run_id)
-    return sse.run_stream(bus, run, node.streams, from_start=False, closing=node.drain_started)
+    return sse.run_stream(bus, run, node.streams, from_start=from_start, closing=node.drain_started)
 
 
 @router.post("/runs/{run_id}/cancel", response_model=CancelAnswer, responses=CANCEL_ANSWERS)

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -28,7 +29,7 @@ from .auth import TokenTable
 from .body_limit import BodyLimit
 from .docs import add_docs
 from .metrics import HttpMetrics
-from .schemas import FieldError, ValidationProblem
+from .schemas import FieldError, Problem, ValidationProblem
 from .service import NodeService
 from .settings import ENV_PREFIX, Settings, is_loopback
 
@@ -116,7 +117,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @app.exception_handler(RequestValidationError)
     async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
-        """Where and what, never the input: it may not even be JSON-serialisable (NaN)."""
+        """Where and what, never the input: it may not even be JSON-serialisable (NaN). A body
+        that is not JSON at all is a 400; JSON that is not what the route takes, a 422."""
+        malformed = next((e for e in exc.errors() if e["type"] == "json_invalid"), None)
+        if malformed is not None:
+            return _malformed(malformed)
         return _invalid(
             [
                 FieldError(loc=list(error["loc"]), msg=error["msg"], type=error["type"])
@@ -125,6 +130,15 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         )
 
     return app
+
+
+def _malformed(error: Mapping[str, Any]) -> JSONResponse:
+    """A 400: the body does not parse as JSON; what the parser said and where it stopped."""
+    why = str(error.get("ctx", {}).get("error") or "it does not parse")
+    loc = tuple(error.get("loc", ()))
+    where = f" (at character {loc[1]})" if len(loc) > 1 and isinstance(loc[1], int) else ""
+    problem = Problem(detail=f"the body is not valid JSON: {why}{where}")
+    return JSONResponse(status_code=400, content=problem.model_dump())
 
 
 def _invalid(errors: list[FieldError]) -> JSONResponse:

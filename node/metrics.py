@@ -22,7 +22,7 @@ from prometheus_client import (
 )
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
-from starlette.routing import BaseRoute
+from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from cancel_bus import BusStats, CancelBus, CancelResult, RunInfo
@@ -236,7 +236,8 @@ class Metrics:
 
 class HttpMetrics:
     """ASGI middleware: counts each request by method, route template and status, and times
-    it. A path no route matches is counted as route ``unmatched`` (no label per stray URL)."""
+    it. A path no route matches is counted as route ``unmatched`` (no label per stray URL); a
+    mount's (the API docs' assets) is its template, ``/docs/assets/{path}``."""
 
     def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
         self.app = app
@@ -248,6 +249,7 @@ class HttpMetrics:
             return
         status = 500  # if the app fails before it answers
         started = time.perf_counter()
+        arrived = dict(scope)  # as it came in: routing writes into ``scope``
 
         async def counting_send(message: Message) -> None:
             nonlocal status
@@ -258,10 +260,25 @@ class HttpMetrics:
         try:
             await self.app(scope, receive, counting_send)
         finally:
-            route: BaseRoute | None = scope.get("route")
-            template = getattr(route, "path", None) or "unmatched"
+            template = _template(scope, arrived)
             method = scope["method"]
             self.metrics.http_requests.labels(method, template, str(status)).inc()
             self.metrics.http_duration.labels(method, template).observe(
                 time.perf_counter() - started
             )
+
+
+def _template(scope: Scope, arrived: Scope) -> str:
+    """The template of the route that answered: an API route puts itself in ``scope``; a plain
+    route or a mount (the schema, the API docs' assets) does not, and is found again by matching
+    the request as it ``arrived`` against the app's own routes."""
+    route: BaseRoute | None = scope.get("route")
+    path = getattr(route, "path", None)
+    if path:
+        return str(path)
+    router = getattr(scope.get("app"), "router", None)
+    for candidate in getattr(router, "routes", ()):
+        template = getattr(candidate, "path_format", None)
+        if template and candidate.matches(arrived)[0] is Match.FULL:
+            return str(template)
+    return "unmatched"

@@ -261,12 +261,16 @@ class RunList(BaseModel):
     at: float = Field(description="now, on the Redis server clock the timestamps use")
 
 
+NodeState = Literal["alive", "late", "expired", "draining"]
+
+
 class NodeView(NodeInfo):
     """A node and the state of its lease, read on the server clock: ``late`` when its last
     heartbeat is older than half a lease (one was missed: it may be dying), ``expired`` once
-    its lease ran out (its runs are about to be resolved ``owner_lost``)."""
+    its lease ran out (its runs are about to be resolved ``owner_lost``); ``draining``: the
+    node answering is itself draining (it says so of itself only: its lease does not tell)."""
 
-    state: Literal["alive", "late", "expired"]
+    state: NodeState
     heartbeat_age: float = Field(description="seconds since its last heartbeat")
     lease_left: float = Field(description="seconds until its lease expires without a heartbeat")
 
@@ -276,7 +280,7 @@ class NodeView(NodeInfo):
         lease = max(node.lease_expires_at - node.last_heartbeat, 0.0)
         heartbeat_age = max(now - node.last_heartbeat, 0.0)
         lease_left = node.lease_expires_at - now
-        state: Literal["alive", "late", "expired"] = "alive"
+        state: NodeState = "alive"
         if node.expired or lease_left <= 0:
             state = "expired"
         elif heartbeat_age > lease / 2:

@@ -52,6 +52,7 @@ class NodeService:
         self._tasks: set[asyncio.Task[None]] = set()
         self._runs: set[asyncio.Task[None]] = set()  # the agents this node runs
         self.drain_started = asyncio.Event()  # ends the node's open streams
+        self.drain_deadline: float | None = None  # (Redis clock) when its runs are cancelled
         self._stop_now = asyncio.Event()  # cuts the drain short
 
     @property
@@ -123,9 +124,11 @@ class NodeService:
         leaves the cluster."""
         if self.draining:
             return
-        self.drain_started.set()
         runs = list(self._runs)
         timeout = self.settings.drain_timeout
+        if self._buses:
+            self.drain_deadline = self.bus.clock() + (timeout if runs else 0.0)
+        self.drain_started.set()
         if runs and timeout > 0:
             until = time.strftime("%H:%M:%S", time.localtime(time.time() + timeout))
             log.warning(
@@ -209,10 +212,19 @@ class NodeService:
         return list(itertools.islice(runs, limit))
 
     async def list_nodes(self) -> list[NodeView]:
-        """The live nodes in a stable order (by id), with the state of their lease."""
+        """The live nodes in a stable order (by id), with the state of their lease; this node
+        says ``draining`` of itself while it drains (unless its lease already expired)."""
         now = self.bus.clock()
-        nodes = await self.bus.list_nodes()
-        return sorted((NodeView.of(node, now) for node in nodes), key=lambda n: n.node_id)
+        views = [NodeView.of(node, now) for node in await self.bus.list_nodes()]
+        here = self.bus.node_id
+        if self.draining:
+            views = [
+                view.model_copy(update={"state": "draining"})
+                if view.node_id == here and view.state != "expired"
+                else view
+                for view in views
+            ]
+        return sorted(views, key=lambda n: n.node_id)
 
     async def start_run(self, body: StartRun) -> RunInfo:
         """Register the run here and start the agent; returns once it is recorded running.

@@ -181,6 +181,27 @@ def test_stream_an_existing_run_from_another_node(cluster: Cluster) -> None:
     assert "[search: done]" in final["output"]
 
 
+def test_a_follow_from_the_start_replays_the_output_a_follow_from_now_does_not(
+    cluster: Cluster,
+) -> None:
+    """``GET /v1/runs/{id}/stream?from_start=true`` (the dashboard's live output): the run's
+    output from its first chunk; without it, from now on (a run that ended: its end only)."""
+    n1, n2, _ = cluster.nodes
+    run = _start(n1, tokens=25, token_interval_ms=1)
+    final = _wait_status(n2, run["run_id"], {"succeeded"})
+    stream = f"/v1/runs/{run['run_id']}/stream"
+    with n2.client() as client:
+        with client.stream("GET", stream, params={"from_start": "true"}) as replayed:
+            assert replayed.status_code == 200
+            events = list(_sse(replayed.iter_lines()))
+        with client.stream("GET", stream) as from_now:
+            later = [event for event, _ in _sse(from_now.iter_lines())]
+    text = "".join(data["text"] for event, data in events if event == "output")
+    assert text == final["output"] and text.startswith("the agent thinks")
+    assert [event for event, _ in events][-2:] == ["run.finished", "run"]
+    assert later == ["run", "run.finished", "run"]  # nothing of what it emitted before
+
+
 def test_list_runs_cluster_wide_and_nodes(cluster: Cluster) -> None:
     n1, n2, n3 = cluster.nodes
     runs = [_start(node) for node in (n1, n2, n3)]
@@ -209,7 +230,6 @@ def test_list_runs_cluster_wide_and_nodes(cluster: Cluster) -> None:
             {"app_name": "a", "user_id": "u", "session_id": "s", "agent": {"tokens": -1}},
         ),
         ("POST", "/v1/runs", {"app_name": "a", "user_id": "u", "session_id": "s", "extra": 1}),
-        ("POST", "/v1/runs", "not json"),
         ("POST", "/v1/runs/x/cancel", {"mode": "sometimes"}),
         ("POST", "/v1/runs/x/cancel", {"timeout": 0}),
         ("POST", "/v1/runs/x/cancel", {"timeout": 5e-324, "wait": False}),  # was a 503
@@ -231,6 +251,33 @@ def test_bad_input_is_a_clear_4xx(cluster: Cluster, method: str, path: str, body
             response = client.request(method, path, json=body)
     assert response.status_code == 422, response.text
     assert "detail" in response.json()
+
+
+MALFORMED = [
+    ("not json", "Expecting value", 0),
+    ('{"app_name": "a"', "Expecting ',' delimiter", 16),
+    ("{'app_name': 'a'}", "Expecting property name enclosed in double quotes", 1),
+    ('{"app_name": "a"} and more', "Extra data", 18),
+]
+
+
+@pytest.mark.parametrize("path", ["/v1/runs", "/v1/runs/r1/cancel", "/v1/cancel-where"])
+@pytest.mark.parametrize(("body", "said", "where"), MALFORMED)
+def test_a_body_that_is_not_json_is_a_400_and_json_of_the_wrong_shape_a_422(
+    cluster: Cluster, path: str, body: str, said: str, where: int
+) -> None:
+    """As the README says: JSON that cannot be parsed is a 400 (what the parser said, and
+    where); JSON that parses but is not what the route takes stays a 422, field by field."""
+    json_type = {"content-type": "application/json"}
+    with cluster.nodes[0].client() as client:
+        malformed = client.post(path, content=body, headers=json_type)
+        wrong_shape = client.post(path, content='{"mode": 1, "app_name": 2}', headers=json_type)
+    assert malformed.status_code == 400, malformed.text
+    assert malformed.json() == {
+        "detail": f"the body is not valid JSON: {said} (at character {where})"
+    }
+    assert wrong_shape.status_code == 422, wrong_shape.text
+    assert wrong_shape.json()["errors"] and "body." in wrong_shape.json()["detail"]
 
 
 NON_FINITE = ["NaN", "Infinity", "-Infinity", "1e400"]  # JSON that Python reads as nan/inf

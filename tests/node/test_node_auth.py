@@ -20,6 +20,7 @@ from fastapi.routing import iter_route_contexts
 from cancel_bus import CancelBus
 from cancel_bus._keys import KeySpace
 from node.app import create_app
+from node.dashboard import ASSETS
 from node.embedded import EmbeddedServer
 from node.settings import Settings
 
@@ -35,7 +36,8 @@ TOKENS = {
     ALICE: {"role": "user", "user_id": "alice"},
     BOB: {"role": "user", "user_id": "bob"},
 }
-# Static pages and the schema: they hold no run, node or metric.
+# Static pages and the schema: they hold no run, node or metric. (The dashboard's files: its
+# page, style, icon, and its script and the modules that script imports.)
 OPEN_ROUTES = {
     "/healthz",
     "/readyz",
@@ -43,6 +45,7 @@ OPEN_ROUTES = {
     "/dashboard.js",
     "/dashboard.css",
     "/favicon.svg",
+    *ASSETS,
     "/docs",
     "/docs/oauth2-redirect",
     "/redoc",

@@ -119,6 +119,37 @@ def test_metrics_follow_the_conventions(cluster: Cluster) -> None:
                 assert sample.labels.get("bus_namespace") == cluster.namespace, sample
 
 
+def test_static_files_and_the_docs_assets_are_labelled_by_their_route(cluster: Cluster) -> None:
+    """The API docs' scripts and styles (a mount) count under their template, not as
+    ``unmatched``; the dashboard's files and the docs pages under their own paths."""
+    node = cluster.nodes[0]
+    wanted = {
+        "/docs/assets/swagger-ui.css": "/docs/assets/{path}",
+        "/docs/assets/redoc.standalone.js": "/docs/assets/{path}",
+        "/docs/assets/no-such-file.js": "/docs/assets/{path}",  # a 404 of the mount: its own
+        "/docs": "/docs",
+        "/redoc": "/redoc",
+        "/openapi.json": "/openapi.json",
+        "/dashboard/route.js": "/dashboard/route.js",
+        "/dashboard.css": "/dashboard.css",
+    }
+    before = _scrape(node)["cancel_bus_http_requests"]
+    answers = {path: httpx.get(f"{node.url}{path}", timeout=10).status_code for path in wanted}
+    assert answers["/docs/assets/no-such-file.js"] == 404
+    assert {code for path, code in answers.items() if "no-such" not in path} == {200}
+    after = _scrape(node)["cancel_bus_http_requests"]
+    total = "cancel_bus_http_requests_total"
+    for path, route in wanted.items():
+        code = str(answers[path])
+        counted = sum(1 for p, r in wanted.items() if r == route and str(answers[p]) == code)
+        grown = _value(after, total, method="GET", route=route, status=code) - _value(
+            before, total, method="GET", route=route, status=code
+        )
+        assert grown == counted, (path, route, grown)
+    unmatched = _value(after, total, route="unmatched") - _value(before, total, route="unmatched")
+    assert unmatched == 0
+
+
 def test_the_access_log_is_on_by_default_and_off_by_setting(
     cluster: Cluster, redis_server: EmbeddedServer, tmp_path: Path
 ) -> None:
