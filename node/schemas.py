@@ -11,6 +11,7 @@ from cancel_bus import (
     ID_PATTERN,
     CancelMode,
     CancelResult,
+    MultitaskStrategy,
     NodeInfo,
     Outcome,
     RunEvent,
@@ -65,6 +66,16 @@ class StartRun(BaseModel):
         ),
     ] = None
     agent: AgentSpec = Field(default_factory=AgentSpec)
+    multitask_strategy: MultitaskStrategy = Field(
+        default=MultitaskStrategy.REJECT,
+        description="what it does to the session's active run (on any node): reject (409), "
+        "interrupt (cancel it, wait for its end, then start), rollback (as interrupt, its output "
+        "discarded)",
+    )
+    interrupt_mode: CancelMode = CancelMode.CHECKPOINT
+    interrupt_timeout: float = Field(
+        default=10.0, gt=0, le=60, description="seconds to wait for the interrupted run's end"
+    )
 
 
 class CancelBody(BaseModel):

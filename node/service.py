@@ -357,6 +357,9 @@ class NodeService:
                 metadata={"agent": body.agent.model_dump()},
                 relay=True,
                 parent=body.parent,
+                multitask_strategy=body.multitask_strategy,
+                interrupt_mode=body.interrupt_mode,
+                interrupt_timeout=body.interrupt_timeout,
             ) as run:
                 handle = run
                 registered.set_result(run)

@@ -1,0 +1,82 @@
+"""Double texting over HTTP, on two node processes: ``POST /v1/runs`` with
+``multitask_strategy`` on a session whose run is active on the other node."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from node.embedded import EmbeddedServer
+
+from ..helpers import WAIT
+from ..node_cluster import Cluster, NodeProcess
+
+LONG = {"tokens": 100_000, "token_interval_ms": 10}
+
+
+@pytest.fixture(scope="module")
+def nodes(
+    redis_server: EmbeddedServer, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[list[NodeProcess]]:
+    cluster = Cluster(redis_server.url, 2, tmp_path_factory.mktemp("texting")).start()
+    yield cluster.nodes
+    cluster.stop()
+
+
+def _start(node: NodeProcess, session: str, **extra: Any) -> tuple[int, dict[str, Any]]:
+    body = {"app_name": "chat", "user_id": "u1", "session_id": session, "agent": LONG, **extra}
+    with node.client() as client:
+        response = client.post("/v1/runs", json=body)
+    return response.status_code, response.json()
+
+
+def _run(node: NodeProcess, run_id: str) -> dict[str, Any]:
+    with node.client() as client:
+        response = client.get(f"/v1/runs/{run_id}")
+    assert response.status_code == 200, response.text
+    run: dict[str, Any] = response.json()
+    return run
+
+
+def _ended(node: NodeProcess, run_id: str) -> dict[str, Any]:
+    deadline = time.monotonic() + WAIT
+    while (run := _run(node, run_id))["status"] in ("queued", "running", "waiting"):
+        assert time.monotonic() < deadline, run
+        time.sleep(0.02)
+    return run
+
+
+@pytest.mark.parametrize(
+    ("strategy", "reason"), [("interrupt", "interrupted"), ("rollback", "rolled_back")]
+)
+def test_a_follow_up_on_another_node_interrupts_the_active_run(
+    nodes: list[NodeProcess], strategy: str, reason: str
+) -> None:
+    session = uuid.uuid4().hex
+    status, first = _start(nodes[0], session)
+    assert status == 201, first
+    status, second = _start(nodes[1], session, multitask_strategy=strategy)
+    assert status == 201, second
+    ended = _ended(nodes[1], first["run_id"])
+    assert ended["status"] == "cancelled" and ended["end_reason"] == reason
+    assert ended["cancel_cause"] == strategy and ended["requested_by"] == second["run_id"]
+    assert _run(nodes[0], second["run_id"])["status"] == "running"
+
+
+def test_reject_is_a_409_and_leaves_the_run_alone(nodes: list[NodeProcess]) -> None:
+    session = uuid.uuid4().hex
+    status, first = _start(nodes[0], session)
+    assert status == 201, first
+    status, answer = _start(nodes[1], session)
+    assert status == 409 and first["run_id"] in answer["detail"], answer
+    run = _run(nodes[1], first["run_id"])
+    assert run["status"] == "running" and run["cancel_requested_at"] is None
+
+
+def test_an_unknown_strategy_is_a_422(nodes: list[NodeProcess]) -> None:
+    status, answer = _start(nodes[0], uuid.uuid4().hex, multitask_strategy="enqueue-ish")
+    assert status == 422 and "multitask_strategy" in answer["detail"], answer
