@@ -1,5 +1,6 @@
-"""A2A (a2a-sdk 0.3, trpc-agent's A2A service): ``tasks/cancel`` and ``tasks/resubscribe`` on
-any replica of a task.
+"""A2A (a2a-sdk 0.3, trpc-agent's A2A service): every replica answers as one a2a-sdk server does:
+``tasks/cancel`` and ``tasks/resubscribe`` of a task on any replica, and a message for a task
+still running on any replica queued behind it.
 
     trpc_agent.install(bus)  # every replica, on the loop of the A2A server
     handler = BusRequestHandler(
@@ -8,13 +9,19 @@ any replica of a task.
     app = A2AStarletteApplication(agent_card=card, http_handler=handler).build()
 
 Each execution of a task is a bus run (see ``_a2a_runs.py``). ``tasks/cancel`` on any replica
-cancels it and answers as the A2A spec asks: the task ``canceled`` once it stopped (the owner's
+cancels it and answers as a2a-sdk does: the task ``canceled`` once it stopped (the owner's
 executor stored it before the run ended), ``working`` with a status message if it did not stop
 within ``cancel_timeout`` (it still ends ``canceled``: a final ``completed`` after a cancel is
 stored ``canceled``), ``TaskNotFoundError`` for an unknown task, ``TaskNotCancelableError`` for a
-task that ended otherwise, and the stored task again for one already canceled. A task whose
-replica died is ended ``canceled`` by the replica that took the cancel. :class:`BusTaskStore`
-keeps tasks in the bus's Redis; a task that reached a terminal state keeps it.
+task in a terminal state (``canceled`` included). A task whose replica died is ended ``canceled``
+by the replica that took the cancel. :class:`BusTaskStore` keeps tasks in the bus's Redis.
+
+A message for an existing task (a follow-up) is accepted as a2a-sdk accepts it (the task exists
+and is not terminal) and gets an event queue of its own; its execution waits for the task's
+execution before it, wherever that runs, then runs on the task as that one left it (a task that
+ended, other than ``canceled``, is reopened ``working``; a task canceled meanwhile is answered as
+it is, the message not executed). Its answer is its own execution's: its events (``message/
+stream``), the task at its end (blocking ``message/send``), the task once it starts (non-blocking).
 
 A call to another A2A agent made inside a run, with :func:`send_message`, is a child of that run:
 cancelling the run (or its tree) sends ``tasks/cancel`` for the remote task (``_a2a_calls.py``).
@@ -22,8 +29,11 @@ cancelling the run (or its tree) sends ``tasks/cancel`` for the remote task (``_
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, AsyncIterator
+import asyncio
+import contextlib
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from datetime import UTC, datetime
 from typing import Any, cast
 
 from a2a.client import Client, ClientEvent
@@ -32,10 +42,11 @@ from a2a.server.agent_execution import AgentExecutor, RequestContext
 from a2a.server.context import ServerCallContext
 from a2a.server.events import Event, EventQueue
 from a2a.server.request_handlers import DefaultRequestHandler
-from a2a.server.tasks import TaskStore
+from a2a.server.tasks import ResultAggregator, TaskManager, TaskStore
 from a2a.types import (
     InvalidParamsError,
     Message,
+    MessageSendParams,
     Task,
     TaskIdParams,
     TaskNotCancelableError,
@@ -60,34 +71,15 @@ from ._a2a_runs import (
     TaskRuns,
     Verdict,
 )
+from ._a2a_store import ENDS, TERMINAL, BusTaskStore, EndsStore
 
 __all__ = ["BusRequestHandler", "BusTaskStore", "send_message"]
 
-TERMINAL = frozenset(
-    {TaskState.completed, TaskState.canceled, TaskState.failed, TaskState.rejected}
-)
-# where a task's execution ends (a task waiting for input goes on with the next message)
-ENDS = TERMINAL | {TaskState.input_required, TaskState.auth_required}
-_TERMINAL_VALUES = sorted(state.value for state in TERMINAL)
+STORE_TIMEOUT = 5.0  # how long an execution waits for its end to be stored
+_NOT_RELAYED = "this execution of the task is a follow-up's: resubscribe needs relay=True"
 _EVENT: TypeAdapter[Event] = TypeAdapter(Event)
-
-# KEYS[1] the task; ARGV[1] its state, ARGV[2] its JSON, ARGV[3] the ttl (ms), ARGV[4..] the
-# terminal states. Stores the task unless the stored one is terminal in another state (a
-# terminal state is final; a late save from a lagging writer must not undo it). Returns 1 if
-# stored, 0 if not.
-_SAVE = """
-local task_key = KEYS[1]
-local state, task, ttl_ms = ARGV[1], ARGV[2], ARGV[3]
-local stored = redis.call('HGET', task_key, 'state')
-if stored and stored ~= state then
-  for i = 4, #ARGV do
-    if ARGV[i] == stored then return 0 end
-  end
-end
-redis.call('HSET', task_key, 'state', state, 'task', task)
-redis.call('PEXPIRE', task_key, ttl_ms)
-return 1
-"""
+# a follow-up's turn came: the task as the execution before it left it -> as its execution starts
+Turn = Callable[[Task], Awaitable[Task]]
 
 
 @asynccontextmanager
@@ -137,35 +129,10 @@ def _end_of(state: TaskState) -> TaskEnd | None:
     return TaskEnd.OTHER if state in ENDS else None
 
 
-class BusTaskStore(TaskStore):
-    """A2A tasks in the bus's Redis (under its namespace), kept ``ttl`` seconds. A task that
-    reached a terminal state keeps it: a save that would move it elsewhere is ignored."""
-
-    def __init__(self, bus: CancelBus, *, ttl: float = 86400.0) -> None:
-        self._redis, prefix = bus._adapter_store()
-        self._prefix = f"{prefix}a2a:task:"
-        self._ttl_ms = int(ttl * 1000)
-        self._save = self._redis.register_script(_SAVE)
-
-    async def save(self, task: Task, context: ServerCallContext | None = None) -> None:
-        """Store the task for ``ttl`` seconds (one script call), unless the stored one is terminal
-        in another state: a late save never undoes a terminal state."""
-        args = [task.status.state.value, task.model_dump_json(), self._ttl_ms]
-        await self._save(keys=[self._prefix + task.id], args=[*args, *_TERMINAL_VALUES])
-
-    async def get(self, task_id: str, context: ServerCallContext | None = None) -> Task | None:
-        """The stored task; None if it was never stored, or expired."""
-        raw = cast(str | None, await self._redis.hget(self._prefix + task_id, "task"))
-        return Task.model_validate_json(raw) if raw is not None else None
-
-    async def delete(self, task_id: str, context: ServerCallContext | None = None) -> None:
-        """Remove the stored task."""
-        await self._redis.delete(self._prefix + task_id)
-
-
 class BusRequestHandler(DefaultRequestHandler):
     """a2a-sdk's request handler with each task execution a bus run: ``tasks/cancel`` and
-    ``tasks/resubscribe`` work on every replica.
+    ``tasks/resubscribe`` work on every replica, and a message for a task still running on any
+    replica is queued behind it.
 
     ``cancel_timeout``: how long a cancel waits for the task to stop before answering it
     ``working`` (cancel pending). ``cancel_mode``: the bus mode of ``tasks/cancel``. ``relay``:
@@ -183,8 +150,10 @@ class BusRequestHandler(DefaultRequestHandler):
         **options: Any,
     ) -> None:
         self._runs = TaskRuns(bus, timeout=cancel_timeout, mode=cancel_mode, relay=relay)
-        executor = _TaskExecutor(agent_executor, self._runs, task_store)
-        super().__init__(agent_executor=executor, task_store=task_store, **options)
+        self._store = EndsStore(task_store)
+        self._executor = _TaskExecutor(agent_executor, self._runs, self._store)
+        self._own_queues: dict[asyncio.Task[None], RequestContext] = {}  # follow-ups' producers
+        super().__init__(agent_executor=self._executor, task_store=self._store, **options)
 
     async def on_cancel_task(
         self, params: TaskIdParams, context: ServerCallContext | None = None
@@ -192,11 +161,9 @@ class BusRequestHandler(DefaultRequestHandler):
         """``tasks/cancel`` on any replica: cancels the bus run of the task's execution wherever it
         runs, and answers the task ``canceled`` once it stopped, or ``working`` with a status
         message if it did not stop within ``cancel_timeout``. A task with no execution, or whose
-        replica was lost, is stored ``canceled`` here; one that ended otherwise raises
-        ``TaskNotCancelableError``."""
+        replica was lost, is stored ``canceled`` here; one in a terminal state (``canceled``
+        too), or that ended otherwise, raises ``TaskNotCancelableError`` (as a2a-sdk does)."""
         task = await self._stored(params.id, context)
-        if task.status.state is TaskState.canceled:
-            return task
         if task.status.state in TERMINAL:
             raise ServerError(_not_cancelable(task))
         found, result = await self._runs.cancel(task.id)
@@ -221,15 +188,20 @@ class BusRequestHandler(DefaultRequestHandler):
     async def on_resubscribe_to_task(
         self, params: TaskIdParams, context: ServerCallContext | None = None
     ) -> AsyncGenerator[Event]:
-        """The SDK's own stream on the replica executing the task; elsewhere its relay."""
-        if params.id in self._runs.local:
+        """The task's events from its owner's relay, on every replica; with ``relay=False``, the
+        SDK's own stream on the replica executing the task."""
+        if not self._runs.relay and params.id in self._runs.local:
+            if await self._queue_manager.get(params.id) is None:  # a follow-up's own queue
+                raise ServerError(UnsupportedOperationError(message=_NOT_RELAYED))
             async for event in super().on_resubscribe_to_task(params, context):
                 yield event
             return
         task = await self._stored(params.id, context)
         if task.status.state in TERMINAL:
             raise ServerError(
-                InvalidParamsError(message=f"Task {task.id} is in terminal state: {task.status}")
+                InvalidParamsError(
+                    message=f"Task {task.id} is in terminal state: {task.status.state.value}"
+                )
             )
         problem = await self._runs.relay_problem(task.id)
         if problem is not None:
@@ -240,6 +212,81 @@ class BusRequestHandler(DefaultRequestHandler):
             if _is_final(event):
                 return
         yield await self._stored(task.id, context)  # ended without a final event: as stored
+
+    async def _setup_message_execution(
+        self, params: MessageSendParams, context: ServerCallContext | None = None
+    ) -> tuple[TaskManager, str, EventQueue, ResultAggregator, asyncio.Task[None]]:
+        """The SDK's setup; for a message naming a task, the same checks and an event queue of
+        its own (the SDK's would tap the queue of the task's running execution, and the first of
+        the two to end would close the other's), its execution taking the task's next turn."""
+        message = params.message
+        if not message.task_id:
+            return await super()._setup_message_execution(params, context)
+        manager = TaskManager(
+            task_id=message.task_id,
+            context_id=message.context_id,
+            task_store=self.task_store,
+            initial_message=message,
+            context=context,
+        )
+        task = await manager.get_task()
+        if task is None:
+            missing = f"Task {message.task_id} was specified but does not exist"
+            raise ServerError(TaskNotFoundError(message=missing))
+        if task.status.state in TERMINAL:
+            raise ServerError(
+                InvalidParamsError(
+                    message=f"Task {task.id} is in terminal state: {task.status.state.value}"
+                )
+            )
+        task = manager.update_with_message(message, task)
+        request = await self._request_context_builder.build(
+            params=params,
+            task_id=task.id,
+            context_id=message.context_id,
+            task=task,
+            context=context,
+        )
+        push = params.configuration.push_notification_config if params.configuration else None
+        if self._push_config_store and push:
+            await self._push_config_store.set_info(task.id, push)
+
+        async def turn(stored: Task) -> Task:
+            return await self._turn(manager, message, request, stored)
+
+        self._executor.turns[request] = turn
+        queue = EventQueue()
+        producer = asyncio.create_task(self._run_event_stream(request, queue))
+        self._own_queues[producer] = request
+        return manager, task.id, queue, ResultAggregator(manager), producer
+
+    async def _turn(
+        self, manager: TaskManager, message: Message, request: RequestContext, stored: Task
+    ) -> Task:
+        """A follow-up's turn came: the task as the execution before it left it, the message
+        added to its history, and reopened ``working`` if it ended (not if it was canceled)."""
+        if stored.status.state is TaskState.canceled:
+            return stored
+        task = manager.update_with_message(message, stored)
+        if task.status.state in TERMINAL:
+            now = datetime.now(UTC).isoformat()
+            task.status = TaskStatus(state=TaskState.working, timestamp=now)
+            if not await self._store.reopen(task):  # canceled meanwhile
+                return await self._stored(task.id, None)
+        request.current_task = task
+        return task
+
+    async def _cleanup_producer(self, producer_task: asyncio.Task[None], task_id: str) -> None:
+        """The SDK's cleanup; a follow-up's queue is its own (the SDK's would close the task's)."""
+        request = self._own_queues.pop(producer_task, None)
+        if request is None:
+            await super()._cleanup_producer(producer_task, task_id)
+            return
+        try:
+            with contextlib.suppress(asyncio.CancelledError):
+                await producer_task
+        finally:
+            self._executor.turns.pop(request, None)  # if it was cancelled before it started
 
     async def _stored(self, task_id: str, context: ServerCallContext | None) -> Task:
         task = await self.task_store.get(task_id, context)
@@ -259,31 +306,46 @@ class BusRequestHandler(DefaultRequestHandler):
 
 
 class _TaskExecutor(AgentExecutor):
-    """Runs the wrapped executor as the task's bus run; stores the task's end before the run
-    ends, so a canceller that saw the run end reads it."""
+    """Runs the wrapped executor as the task's bus run, in the task's turn; the run ends once the
+    task's end is stored (so a canceller that saw the run end reads it, and the next message's
+    execution starts from it)."""
 
-    def __init__(self, executor: AgentExecutor, runs: TaskRuns, store: TaskStore) -> None:
+    def __init__(self, executor: AgentExecutor, runs: TaskRuns, store: EndsStore) -> None:
         self._executor = executor
         self._runs = runs
         self._store = store
+        self.turns: dict[RequestContext, Turn] = {}  # the follow-ups set up, not started
 
     async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
         task_id = cast(str, context.task_id)
+        turn = self.turns.pop(context, None)
         async with self._runs.executing(task_id) as execution:
             stored = await self._store.get(task_id)
-            if stored is not None and stored.status.state in TERMINAL:
+            if stored is not None and turn is not None:
+                stored = await turn(stored)
+            if stored is not None and (
+                stored.status.state is TaskState.canceled
+                or (turn is None and stored.status.state in TERMINAL)
+            ):
                 await event_queue.enqueue_event(stored)  # canceled before this execution began
                 return
+            ended = self._store.expect_end(task_id)
             run = execution.run
             events = _TaskEvents(event_queue, run, relay=self._runs.relay)
             try:
                 await self._executor.execute(context, events)
             finally:
-                if run.cancel_requested is not None and events.final is None:
-                    await events.enqueue_event(_canceled_event(context, "Task was canceled."))
-                if isinstance(events.final, TaskStatusUpdateEvent):
-                    await _store_end(self._store, stored or _new_task(context), events.final.status)
-                execution.canceled = events.canceled
+                try:
+                    if run.cancel_requested is not None and events.final is None:
+                        await events.enqueue_event(_canceled_event(context, "Task was canceled."))
+                    if isinstance(events.final, TaskStatusUpdateEvent):
+                        with contextlib.suppress(TimeoutError):  # saved by the request's consumer
+                            await asyncio.wait_for(ended.wait(), STORE_TIMEOUT)
+                        task = stored or _new_task(context)
+                        await _store_end(self._store, task, events.final.status)
+                finally:
+                    self._store.forget(task_id)
+                    execution.canceled = events.canceled
 
     async def cancel(self, context: RequestContext, event_queue: EventQueue) -> None:
         await self._runs.cancel(cast(str, context.task_id))
@@ -363,6 +425,7 @@ def _canceled_event(context: RequestContext, text: str) -> TaskStatusUpdateEvent
 
 
 def _not_cancelable(task: Task) -> TaskNotCancelableError:
+    # a2a-sdk's words (the state as its enum formats: "TaskState.canceled")
     return TaskNotCancelableError(
-        message=f"Task cannot be canceled - current state: {task.status.state.value}"
+        message=f"Task cannot be canceled - current state: {task.status.state}"
     )

@@ -1,5 +1,6 @@
-"""A2A (a2a-sdk 1.x, trpc-agent's ``a2a_v1`` service): ``CancelTask`` (JSON-RPC and REST) on any
-replica of a task.
+"""A2A (a2a-sdk 1.x, trpc-agent's ``a2a_v1`` service): every replica answers as one a2a-sdk server
+does: ``CancelTask`` (JSON-RPC and REST) of a task on any replica, and a message for a task still
+running on any replica queued behind it.
 
     trpc_agent.install(bus)  # every replica, on the loop of the A2A server
     handler = BusRequestHandler(
@@ -16,11 +17,20 @@ store; the owner notices at its next save and kills its producer mid-await, losi
 partial output. Here each execution of a task is a bus run instead (see ``_a2a_runs.py``), and
 ``CancelTask`` on any replica cancels it cooperatively: the agent stops at its next checkpoint
 (or as the bus mode asks), trpc-agent keeps its partial output, the owner's executor ends the task
-``CANCELED`` and the run ends once the store has it. The answers are those of the 0.3 adapter
-(``a2a.py``): ``CANCELED`` once stopped, ``WORKING`` with a status message while a cancel is
-pending (the task still ends ``CANCELED``), ``TaskNotFoundError``, ``TaskNotCancelableError``
-(REST 400 ``TASK_NOT_CANCELABLE``) for a task that ended otherwise, the stored task again for one
-already canceled, and ``CANCELED`` for a task whose replica died.
+``CANCELED`` and the run ends once the store has it. The answers: ``CANCELED`` once stopped,
+``WORKING`` with a status message while a cancel is pending (the task still ends ``CANCELED``),
+``TaskNotFoundError``, ``TaskNotCancelableError`` (REST 400 ``TASK_NOT_CANCELABLE``) for a task in
+a terminal state (``CANCELED`` too, as a2a-sdk answers), and ``CANCELED`` for a task whose
+replica died.
+
+A message for a task takes the task's turn first (:class:`~._a2a_runs.Turn`): an execution of the
+task still going on another replica would otherwise run beside it, and its failure there (the
+bus run of the task is one at a time) write ``FAILED`` over the task, which stops the running
+execution at its next save. Then it runs as a2a-sdk runs a message queued behind an execution on
+one process: its stream carries the events of the executions before it (from the shared
+``event_stream``, or this replica's) and then its own; a blocking send answers the task as the
+execution before it left it, the message running on after; a task that ended is reopened
+``WORKING`` for it; one canceled meanwhile is answered as it is, the message not executed.
 
 A call to another A2A agent made inside a run, with :func:`send_message`, is a child of that run:
 cancelling the run (or its tree) sends ``CancelTask`` for the remote task (``_a2a_calls.py``).
@@ -30,7 +40,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncGenerator, AsyncIterator
+import logging
+from collections.abc import AsyncGenerator, AsyncIterator, Coroutine
 from contextlib import asynccontextmanager
 from typing import Any, cast
 
@@ -53,6 +64,7 @@ from a2a.types.a2a_pb2 import (
     CancelTaskRequest,
     ListTasksRequest,
     ListTasksResponse,
+    Message,
     SendMessageRequest,
     StreamResponse,
     SubscribeToTaskRequest,
@@ -62,15 +74,20 @@ from a2a.types.a2a_pb2 import (
     TaskStatusUpdateEvent,
 )
 from a2a.utils.errors import TaskNotCancelableError, TaskNotFoundError, UnsupportedOperationError
+from a2a.utils.proto_utils import validate_proto_required_fields
+from a2a.utils.task import apply_history_length, validate_history_length
 
 from cancel_bus import CancelBus, CancelMode, RunHandle
 
 from ._a2a_calls import Remote, TaskEnd, remote_call
-from ._a2a_runs import CANCEL_PENDING, LEAKED_EVENT, OWNER_LOST, TaskRuns, Verdict
+from ._a2a_runs import CANCEL_PENDING, LEAKED_EVENT, OWNER_LOST, TaskRuns, Turn, Verdict
 
 __all__ = ["BusRequestHandler", "send_message"]
 
+log = logging.getLogger("cancel_bus.integrations.a2a")
+
 CANCELED = TaskState.TASK_STATE_CANCELED
+WORKING = TaskState.TASK_STATE_WORKING
 ENDS = TERMINAL_TASK_STATES | INTERRUPTED_TASK_STATES  # the states an execution ends in
 STORE_TIMEOUT = 5.0  # how long an execution waits for its end to be stored
 
@@ -149,6 +166,7 @@ class BusRequestHandler(DefaultRequestHandlerV2):
         executor = _TaskExecutor(agent_executor, self._runs, store)
         super().__init__(agent_executor=executor, task_store=store, **options)
         self._store = store
+        self._sends: set[asyncio.Task[None]] = set()  # messages running on after their answer
 
     async def on_cancel_task(
         self, params: CancelTaskRequest, context: ServerCallContext
@@ -156,13 +174,11 @@ class BusRequestHandler(DefaultRequestHandlerV2):
         """``CancelTask`` on any replica: cancels the bus run of the task's execution wherever it
         runs, and answers the task ``CANCELED`` once it stopped, or ``WORKING`` with a status
         message if it did not stop within ``cancel_timeout``. A task with no execution, or whose
-        replica was lost, is stored ``CANCELED`` here; one that ended otherwise raises
-        ``TaskNotCancelableError``."""
+        replica was lost, is stored ``CANCELED`` here; one in a terminal state (``CANCELED``
+        too), or that ended otherwise, raises ``TaskNotCancelableError`` (as a2a-sdk does)."""
         task = await self._stored(params.id, context)
-        if task.status.state == CANCELED:
-            return task
         if task.status.state in TERMINAL_TASK_STATES:
-            raise _not_cancelable(task)
+            raise TaskNotCancelableError
         found, result = await self._runs.cancel(task.id)
         if found is Verdict.STOPPING:
             if result.run is not None:
@@ -180,8 +196,119 @@ class BusRequestHandler(DefaultRequestHandlerV2):
             if task.status.state not in TERMINAL_TASK_STATES:  # it ended waiting for input
                 task = await self._end(task.id, "Task was canceled.", context)
         if task.status.state != CANCELED:
-            raise _not_cancelable(task)
+            raise TaskNotCancelableError
         return task
+
+    async def on_message_send(
+        self, params: SendMessageRequest, context: ServerCallContext
+    ) -> Message | Task:
+        """The SDK's; a message for a task in the task's turn (see the module's docstring)."""
+        queued = await self._queued(params, context)
+        if queued is None:
+            return cast(Message | Task, await super().on_message_send(params, context))
+        turn: Turn[Event] | None = queued[0]
+        try:
+            execution = await queued[0].wait()
+            ended = await self._ready(params.message.task_id, context)
+            if ended.status.state == CANCELED:  # nothing runs
+                return apply_history_length(ended, params.configuration)
+            if not execution.waited:
+                return cast(Message | Task, await super().on_message_send(params, context))
+            self._on_after(self._send_after(params, context, queued[0]))
+            turn = None  # released by the message running on
+            return apply_history_length(ended, params.configuration)
+        finally:
+            if turn is not None:
+                await turn.release()
+
+    async def on_message_send_stream(
+        self, params: SendMessageRequest, context: ServerCallContext
+    ) -> AsyncGenerator[Event, None]:
+        """The SDK's; a message for a task in the task's turn, its stream carrying the events of
+        the task's executions before it (see the module's docstring)."""
+        queued = await self._queued(params, context)
+        if queued is None:
+            async for event in super().on_message_send_stream(params, context):
+                yield event
+            return
+        turn, arrival = queued
+        task_id = params.message.task_id
+        try:
+            async for event in turn.earlier(self._events(task_id, arrival), _ends):
+                yield event
+            if (await self._ready(task_id, context)).status.state != CANCELED:
+                async for event in super().on_message_send_stream(params, context):
+                    yield event
+        finally:
+            await turn.release()
+
+    async def _queued(
+        self, params: SendMessageRequest, context: ServerCallContext
+    ) -> tuple[Turn[Event], TaskVersion] | None:
+        """The turn a message for a task waits for, and the task's version as it came; None if
+        it names no task, or one the SDK refuses (unknown, of another context, ended: the SDK's
+        own error then)."""
+        validate_proto_required_fields(params)
+        validate_history_length(params.configuration)
+        message = params.message
+        stored = await self._store.get(message.task_id, context) if message.task_id else None
+        if (
+            stored is None
+            or stored.task.status.state in TERMINAL_TASK_STATES
+            or (message.context_id and message.context_id != stored.task.context_id)
+        ):
+            return None
+        return Turn(self._runs, message.task_id), stored.version
+
+    async def _events(self, task_id: str, after: TaskVersion) -> AsyncIterator[Event]:
+        """The task's events after version ``after``: from the shared event stream, or (from
+        now on) this replica's."""
+        if self._event_stream is not None:
+            async for versioned in self._event_stream.subscribe(task_id, after=after):
+                yield versioned.event
+            return
+        active = await self._active_task_registry.get(task_id)
+        if active is not None:
+            with contextlib.suppress(UnsupportedOperationError):  # it ended
+                async for event in active.subscribe():
+                    yield event
+
+    async def _ready(self, task_id: str, context: ServerCallContext) -> Task:
+        """The message's turn came: the task as the execution before it left it (or as it is).
+        One that ended otherwise than ``CANCELED`` is stored again ``WORKING``, reopened for the
+        message's execution (the SDK starts none on a terminal task)."""
+        while True:
+            stored = await self._store.get(task_id, context)
+            if stored is None:
+                raise TaskNotFoundError
+            task = stored.task
+            if task.status.state not in TERMINAL_TASK_STATES or task.status.state == CANCELED:
+                return task
+            reopened = Task()
+            reopened.CopyFrom(task)
+            reopened.status.CopyFrom(TaskStatus(state=WORKING))
+            reopened.status.timestamp.GetCurrentTime()
+            with contextlib.suppress(ConcurrentTaskModificationError):  # read it again
+                await self._store.save(
+                    reopened, event=None, prev=task, prev_version=stored.version, context=context
+                )
+                return task
+
+    async def _send_after(
+        self, params: SendMessageRequest, context: ServerCallContext, turn: Turn[Event]
+    ) -> None:
+        """A blocking message answered at the end of the execution before it: it runs on."""
+        try:
+            await super().on_message_send(params, context)
+        except Exception:
+            log.exception("cancel-bus: the message for A2A task %s failed", params.message.task_id)
+        finally:
+            await turn.release()
+
+    def _on_after(self, send: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(send)
+        self._sends.add(task)
+        task.add_done_callback(self._sends.discard)
 
     async def on_subscribe_to_task(
         self, params: SubscribeToTaskRequest, context: ServerCallContext
@@ -337,6 +464,8 @@ def _canceled_event(context: RequestContext) -> TaskStatusUpdateEvent:
     )
 
 
-def _not_cancelable(task: Task) -> TaskNotCancelableError:
-    state = TaskState.Name(task.status.state)
-    return TaskNotCancelableError(message=f"Task cannot be canceled - current state: {state}")
+def _ends(event: Event) -> bool:
+    """Whether the event ends an execution of its task."""
+    if isinstance(event, Message):
+        return True
+    return isinstance(event, TaskStatusUpdateEvent | Task) and event.status.state in ENDS

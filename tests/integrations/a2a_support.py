@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from typing import Any
 
 import httpx
 from a2a.client import Client, ClientConfig, ClientFactory
+from a2a.server.tasks import InMemoryTaskStore
 from a2a.types import (
     AgentCapabilities,
     AgentCard,
@@ -20,6 +22,8 @@ from a2a.types import (
     TaskStatusUpdateEvent,
     TextPart,
 )
+
+from cancel_bus.integrations.a2a import BusTaskStore
 
 from ..helpers import WAIT, eventually
 
@@ -45,29 +49,56 @@ def client(http: httpx.AsyncClient, url: str, *, streaming: bool = True) -> Clie
     return ClientFactory(config).create(card(url))
 
 
-def message(text: str, context_id: str | None = None) -> Message:
+def message(text: str, context_id: str | None = None, task_id: str | None = None) -> Message:
     return Message(
         role=Role.user,
         parts=[Part(root=TextPart(text=text))],
         message_id=uuid.uuid4().hex,
         context_id=context_id,
+        task_id=task_id,
     )
+
+
+class Counting:
+    """A task store counting the reads of each task (see a2a_reads.py)."""
+
+    reads: dict[str, int]
+
+    async def get(self, task_id: str, context: Any = None) -> Task | None:
+        task: Task | None = await super().get(task_id, context)  # type: ignore[misc]
+        self.reads[task_id] = self.reads.get(task_id, 0) + 1
+        return task
+
+
+class CountingBusTaskStore(Counting, BusTaskStore):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.reads = {}
+
+
+class CountingTaskStore(Counting, InMemoryTaskStore):
+    def __init__(self) -> None:
+        super().__init__()
+        self.reads = {}
 
 
 class Stream:
     """A streaming ``message/stream`` in the background; ``started`` once the agent streams."""
 
-    def __init__(self, client: Client, text: str, context_id: str | None = None) -> None:
+    def __init__(
+        self, client: Client, text: str, context_id: str | None = None, task_id: str | None = None
+    ) -> None:
         self.updates: list[TaskStatusUpdateEvent | TaskArtifactUpdateEvent] = []
-        self.task_id = ""
+        self.task_id = task_id or ""
+        self.task: Task | None = None  # as the client last saw it
         self.working = asyncio.Event()
-        self.done = asyncio.create_task(self._consume(client, message(text, context_id)))
+        self.done = asyncio.create_task(self._consume(client, message(text, context_id, task_id)))
 
     async def _consume(self, client: Client, message: Message) -> None:
         async for event in client.send_message(message):
             assert isinstance(event, tuple)
             task, update = event
-            self.task_id = task.id
+            self.task_id, self.task = task.id, task
             if update is not None:
                 self.updates.append(update)
             if isinstance(update, TaskArtifactUpdateEvent):

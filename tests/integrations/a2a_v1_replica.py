@@ -15,8 +15,10 @@ from typing import Any
 
 import httpx
 from a2a.client import Client, ClientConfig, ClientFactory
-from a2a.server.cluster import DatabaseTaskEventStream, VersionedDatabaseTaskStore
+from a2a.server.cluster import DatabaseTaskEventStream, StoredTask, VersionedDatabaseTaskStore
+from a2a.server.context import ServerCallContext
 from a2a.server.routes.rest_routes import create_rest_routes
+from a2a.server.tasks import InMemoryTaskStore
 from a2a.types import (
     AgentCapabilities,
     AgentCard,
@@ -26,6 +28,7 @@ from a2a.types import (
     Part,
     Role,
     SendMessageRequest,
+    Task,
 )
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.ext.asyncio import create_async_engine
@@ -38,6 +41,7 @@ from cancel_bus.integrations import a2a_v1, trpc_agent
 from cancel_bus.integrations.a2a_v1 import BusRequestHandler
 
 from ..helpers import WAIT
+from .a2a_reads import read_routes
 from .replica_routes import bus_routes, gate_routes
 from .trpc_support import APP, BOSS, GatedSessionService, StreamingAgent, boss
 
@@ -65,14 +69,42 @@ def client(http: httpx.AsyncClient, url: str, *, streaming: bool = True) -> Clie
     return ClientFactory(config).create(card(url))
 
 
-def send_request(text: str, context_id: str = "") -> SendMessageRequest:
+def send_request(text: str, context_id: str = "", task_id: str = "") -> SendMessageRequest:
     message = Message(
         role=Role.ROLE_USER,
         parts=[Part(text=text)],
         message_id=uuid.uuid4().hex,
         context_id=context_id,
+        task_id=task_id,
     )
     return SendMessageRequest(message=message)
+
+
+class CountingTaskStore(InMemoryTaskStore):
+    """The SDK's in-memory store (stock, one process), counting the reads of each task."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reads: dict[str, int] = {}
+
+    async def get(self, task_id: str, context: ServerCallContext) -> Task | None:
+        task = await super().get(task_id, context)
+        self.reads[task_id] = self.reads.get(task_id, 0) + 1
+        return task
+
+
+class CountingStore(VersionedDatabaseTaskStore):
+    """The shared task store, counting the reads of each task: a request that names a task has
+    reached the handler once its read is counted (the tests' sync point for a follow-up)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.reads: dict[str, int] = {}
+
+    async def get(self, task_id: str, context: ServerCallContext) -> StoredTask | None:
+        stored = await super().get(task_id, context)
+        self.reads[task_id] = self.reads.get(task_id, 0) + 1
+        return stored
 
 
 def asking(bus: CancelBus) -> FunctionTool:
@@ -117,7 +149,7 @@ async def serve(bus: CancelBus, url: str) -> AsyncIterator[Starlette]:
     agent = StreamingAgent(name="streamer")
     database = Path(tempfile.gettempdir()) / f"cancel-bus-{bus.namespace}.db"
     engine = create_async_engine(f"sqlite+aiosqlite:///{database}")
-    store = VersionedDatabaseTaskStore(engine)
+    store = CountingStore(engine)
     events = DatabaseTaskEventStream(engine, poll_interval_s=0.05)
     for attempt in range(5):  # the replicas create the tables at once
         try:
@@ -138,6 +170,7 @@ async def serve(bus: CancelBus, url: str) -> AsyncIterator[Starlette]:
             *boss_app.routes,  # JSON-RPC at /x/a2a, the path of its card's url
             *bus_routes(bus),
             *gate_routes(agent.gate),
+            *read_routes(store.reads),
             *create_rest_routes(handler, path_prefix="/rest"),  # ends with a catch-all (tenants)
         ]
     )

@@ -20,14 +20,17 @@ A2A_V1_REPLICA = "tests.integrations.a2a_v1_replica"
 AGENTS_REPLICA = "tests.integrations.agents_replica"
 FRAMEWORKS_REPLICA = "tests.integrations.frameworks_replica"
 
-_A2A_TESTS = {"0": "test_a2a.py", "1": "test_a2a_v1.py"}
+_A2A_TESTS = {
+    "0": ["test_a2a.py", "test_a2a_differential.py"],
+    "1": ["test_a2a_v1.py", "test_a2a_v1_differential.py"],
+}
 
 try:
     _MAJOR = version("a2a-sdk").split(".")[0]
 except PackageNotFoundError:
     _MAJOR = ""
 
-collect_ignore = [name for major, name in _A2A_TESTS.items() if major != _MAJOR]
+collect_ignore = [name for major, names in _A2A_TESTS.items() if major != _MAJOR for name in names]
 
 
 @pytest.fixture

@@ -20,6 +20,7 @@ from a2a.server.tasks import TaskUpdater
 from a2a.types import (
     MessageSendParams,
     Part,
+    Role,
     Task,
     TaskArtifactUpdateEvent,
     TaskIdParams,
@@ -53,6 +54,7 @@ from node.embedded import EmbeddedServer
 
 from ..conftest import BusFactory
 from ..helpers import WAIT, eventually
+from .a2a_reads import read_again, reads
 from .a2a_support import CANCEL_TIMEOUT, Stream, client, message, streaming, submit
 from .conftest import TRPC_REPLICA
 from .docs_examples import example
@@ -100,6 +102,12 @@ class Tasks:
     async def open(self, gate: str) -> None:
         response = await self.http.post(f"{self.a.url}/gates/{gate}")
         response.raise_for_status()
+
+    async def reads(self, task_id: str) -> int:
+        return await reads(self.http, [self.a.url, self.b.url], task_id)
+
+    async def read_again(self, task_id: str, before: int) -> None:
+        await read_again(self.http, [self.a.url, self.b.url], task_id, before)
 
 
 @pytest.fixture
@@ -159,22 +167,51 @@ async def test_cancel_of_an_unknown_task_is_task_not_found(tasks: Tasks) -> None
         assert await tasks.refused("no-such-task", where) == TaskNotFoundError().code
 
 
-async def test_a_finished_task_is_not_cancelable_and_a_canceled_one_is_returned_again(
-    tasks: Tasks,
-) -> None:
+async def test_neither_a_finished_task_nor_a_canceled_one_is_cancelable(tasks: Tasks) -> None:
+    """As a2a-sdk answers: -32002 with the state (a second cancel once answered the task)."""
     completed = Stream(tasks.client(), "short")
     assert await completed.final_state() is TaskState.completed
-    for where in WHERE:
-        assert await tasks.refused(completed.task_id, where) == TaskNotCancelableError().code
-
     stream = Stream(tasks.client(), "stream")
     task_id = await stream.started()
     canceled = await tasks.cancel(task_id, "other")
-    for where in WHERE:
-        again = await tasks.cancel(task_id, where)
-        assert again == await tasks.get(task_id)
-        assert again.status.state is TaskState.canceled
     assert canceled.status.state is TaskState.canceled
+    for where in WHERE:
+        for ended, state in ((completed.task_id, "completed"), (task_id, "canceled")):
+            with pytest.raises(A2AClientJSONRPCError) as refused:
+                await tasks.cancel(ended, where)
+            assert refused.value.error.code == TaskNotCancelableError().code
+            assert refused.value.error.message == (
+                f"Task cannot be canceled - current state: TaskState.{state}"
+            )
+    assert (await tasks.get(task_id)).status.state is TaskState.canceled
+
+
+@pytest.mark.parametrize("where", WHERE)
+async def test_a_follow_up_to_a_running_task_runs_after_it_and_never_stops_it(
+    tasks: Tasks, where: str
+) -> None:
+    """The task runs on A (held at its gate); a follow-up message for it reaches A or B. It is
+    queued behind the running execution, which goes on to its end, and then executed: both
+    outputs in the task, both messages in its history. (It was once answered ``working`` and
+    dropped on A, and failed on B with -32603.)"""
+    context = f"hold-{uuid.uuid4().hex[:8]}"
+    first = Stream(tasks.client(), "hold", context)
+    task_id = await first.started()
+    before = await tasks.reads(task_id)
+    follow_up = Stream(tasks.client(where), "short", context, task_id)
+    await tasks.read_again(task_id, before)  # the follow-up reached its replica's handler
+
+    await tasks.open(context)
+
+    assert await first.final_state() is TaskState.completed
+    assert await follow_up.final_state() is TaskState.completed
+    assert follow_up.updates[0].status.state is TaskState.working  # type: ignore[union-attr]
+    task = await tasks.get(task_id)
+    assert task.status.state is TaskState.completed
+    assert text(task) == "t0 t1 t2 donet0 t1 t2 done"  # both executions' output, in order
+    asked = [m.parts[0].root for m in task.history or [] if m.role is Role.user]
+    # "hold" twice: a2a-sdk 0.3 moves the submitted status's message to the history too
+    assert asked == [TextPart(text="hold")] * 2 + [TextPart(text="short")]
 
 
 async def test_a_task_that_does_not_stop_in_time_answers_working_and_ends_canceled(
@@ -217,6 +254,51 @@ async def test_a_cancel_before_the_agents_run_registered_stops_it_at_its_start(
     assert text(canceled) == ""  # stopped before its first chunk
     run = await agent_run(ops, context)  # ended before the task's end was stored
     assert (run.status, run.end_reason) == (RunStatus.CANCELLED, "cancelled")
+
+
+async def test_follow_ups_on_two_replicas_run_one_after_the_other(tasks: Tasks) -> None:
+    """Two follow-ups, on A (the owner) and B, while the task runs: each waits its turn; the
+    task ends with the three executions' outputs one after the other."""
+    context = f"hold-{uuid.uuid4().hex[:8]}"
+    first = Stream(tasks.client(), "hold", context)
+    task_id = await first.started()
+    before = await tasks.reads(task_id)
+    follow_ups = [Stream(tasks.client(where), "short", context, task_id) for where in WHERE]
+    await tasks.read_again(task_id, before + 1)  # both reached their replica's handler
+
+    await tasks.open(context)
+
+    for stream in (first, *follow_ups):
+        assert await stream.final_state() is TaskState.completed
+    task = await tasks.get(task_id)
+    assert text(task) == "t0 t1 t2 done" * 3
+    asked = [m.parts[0].root for m in task.history or [] if m.role is Role.user]
+    assert asked == [TextPart(text="hold")] * 2 + [TextPart(text="short")] * 2
+
+
+@pytest.mark.parametrize("where", WHERE)
+async def test_a_cancel_of_the_task_stops_the_follow_up_queued_behind_it(
+    tasks: Tasks, where: str
+) -> None:
+    """The follow-up waits behind the running execution; a cancel of the task stops that one,
+    and the follow-up is not executed: it is answered with the task canceled."""
+    first = Stream(tasks.client(), "stream")
+    task_id = await first.started()
+    before = await tasks.reads(task_id)
+    follow_up = Stream(tasks.client(where), "short", first.task.context_id, task_id)  # type: ignore[union-attr]
+    await tasks.read_again(task_id, before)
+
+    canceled = await tasks.cancel(task_id, "other")
+
+    assert canceled.status.state is TaskState.canceled
+    assert await first.final_state() is TaskState.canceled
+    await asyncio.wait_for(follow_up.done, WAIT)
+    assert follow_up.task is not None and follow_up.task.status.state is TaskState.canceled
+    task = await tasks.get(task_id)
+    assert task.status.state is TaskState.canceled
+    assert "done" not in text(task)  # the follow-up did not run
+    asked = [m.parts[0].root for m in task.history or [] if m.role is Role.user]
+    assert TextPart(text="short") not in asked
 
 
 @pytest.fixture

@@ -23,6 +23,7 @@ from a2a.types import (
     CancelTaskRequest,
     GetTaskRequest,
     Part,
+    Role,
     SendMessageRequest,
     StreamResponse,
     SubscribeToTaskRequest,
@@ -46,6 +47,7 @@ from node.embedded import EmbeddedServer
 
 from ..conftest import BusFactory
 from ..helpers import WAIT, eventually
+from .a2a_reads import read_again, reads
 from .a2a_v1_replica import card, client, send_request
 from .conftest import A2A_V1_REPLICA
 from .docs_examples import example
@@ -56,6 +58,7 @@ from .trpc_support import APP, BOSS, GATED
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 WHERE = ["owner", "other"]
 CANCELED, WORKING = TaskState.TASK_STATE_CANCELED, TaskState.TASK_STATE_WORKING
+COMPLETED = TaskState.TASK_STATE_COMPLETED
 
 
 @pytest.fixture
@@ -66,11 +69,12 @@ def namespace(replica_namespace: str) -> str:
 class Stream:
     """A streaming ``SendMessage`` in the background; ``started`` once the agent streams."""
 
-    def __init__(self, client: Client, text: str, context_id: str = "") -> None:
+    def __init__(self, client: Client, text: str, context_id: str = "", task_id: str = "") -> None:
         self.responses: list[StreamResponse] = []
-        self.task_id = ""
+        self.task_id = task_id
         self.working = asyncio.Event()
-        self.done = asyncio.create_task(self._consume(client, send_request(text, context_id)))
+        request = send_request(text, context_id, task_id)
+        self.done = asyncio.create_task(self._consume(client, request))
 
     async def _consume(self, client: Client, request: SendMessageRequest) -> None:
         async for response in client.send_message(request):
@@ -136,6 +140,12 @@ class Tasks:
     async def open(self, gate: str) -> None:
         (await self.http.post(f"{self.a.url}/gates/{gate}")).raise_for_status()
 
+    async def reads(self, task_id: str) -> int:
+        return await reads(self.http, [self.a.url, self.b.url], task_id)
+
+    async def read_again(self, task_id: str, before: int) -> None:
+        await read_again(self.http, [self.a.url, self.b.url], task_id, before)
+
 
 @pytest.fixture
 def tasks(http: httpx.AsyncClient, a2a_v1_replicas: list[Replica]) -> Tasks:
@@ -185,20 +195,25 @@ async def test_cancel_task_on_any_replica_returns_the_task_canceled(
 
 
 async def test_unknown_finished_and_canceled_tasks(tasks: Tasks, http: httpx.AsyncClient) -> None:
+    """As a2a-sdk answers: not found; not cancelable for a task in a terminal state, a canceled
+    one too (a second cancel once answered the task)."""
     completed = Stream(tasks.client(), "short")
     assert await completed.final_state() == TaskState.TASK_STATE_COMPLETED
     stream = Stream(tasks.client(), "stream")
     canceled = await tasks.cancel(await stream.started(), "other")
+    assert canceled.status.state == CANCELED
     for where in WHERE:
         with pytest.raises(TaskNotFoundError):
             await tasks.cancel("no-such-task", where)
-        with pytest.raises(TaskNotCancelableError):
-            await tasks.cancel(completed.task_id, where)
-        response = await http.post(f"{tasks.url(where)}/rest/tasks/{completed.task_id}:cancel")
-        assert response.status_code == 400
-        assert "TASK_NOT_CANCELABLE" in response.text
-        assert await tasks.cancel(canceled.id, where) == await tasks.get(canceled.id)
-    assert canceled.status.state == CANCELED
+        response = await http.post(f"{tasks.url(where)}/rest/tasks/no-such-task:cancel")
+        assert response.status_code == 404
+        for ended in (completed.task_id, canceled.id):
+            with pytest.raises(TaskNotCancelableError, match=r"^Task cannot be canceled$"):
+                await tasks.cancel(ended, where)
+            response = await http.post(f"{tasks.url(where)}/rest/tasks/{ended}:cancel")
+            assert response.status_code == 400
+            assert "TASK_NOT_CANCELABLE" in response.text
+    assert (await tasks.get(canceled.id)).status.state == CANCELED
 
 
 async def test_a_task_that_does_not_stop_in_time_answers_working_and_ends_canceled(
@@ -237,6 +252,78 @@ async def test_a_cancel_before_the_agents_run_registered_stops_it_at_its_start(
     assert text(canceled) == ""
     run = await agent_run(ops, context)  # ended before the task's end was stored
     assert (run.status, run.end_reason) == (RunStatus.CANCELLED, "cancelled")
+
+
+@pytest.mark.parametrize("where", WHERE)
+async def test_a_follow_up_to_a_running_task_runs_after_it_and_never_stops_it(
+    tasks: Tasks, where: str
+) -> None:
+    """The task runs on A (held at its gate); a follow-up message for it reaches A or B. It is
+    queued behind the running execution, which goes on to its end, and then executed: both
+    outputs in the task, both messages in its history. (Once, on A it was dropped: the SDK shut
+    the task's request queue at the running execution's end, before taking the message from it;
+    on B it failed with -32603, and B's failed execution wrote ``FAILED`` over the shared task,
+    which made A's execution stop at its next save.)"""
+    context = f"hold-{uuid.uuid4().hex[:8]}"
+    first = Stream(tasks.client(), "hold", context)
+    task_id = await first.started()
+    before = await tasks.reads(task_id)
+    follow_up = Stream(tasks.client(where), "short", context, task_id)
+    await tasks.read_again(task_id, before)  # the follow-up reached its replica's handler
+
+    await tasks.open(context)
+
+    assert await first.final_state() == COMPLETED
+    assert await follow_up.final_state() == COMPLETED
+    task = await tasks.get(task_id)
+    assert task.status.state == COMPLETED
+    assert text(task) == "t0 t1 t2 donet0 t1 t2 done"  # both executions' output, in order
+    asked = [m.parts[0].text for m in task.history if m.role == Role.ROLE_USER]
+    assert asked == ["hold", "short"]
+
+
+async def test_follow_ups_on_two_replicas_run_one_after_the_other(tasks: Tasks) -> None:
+    """Two follow-ups, on A (the owner) and B, while the task runs: each waits its turn; the
+    task ends with the three executions' outputs one after the other."""
+    context = f"hold-{uuid.uuid4().hex[:8]}"
+    first = Stream(tasks.client(), "hold", context)
+    task_id = await first.started()
+    before = await tasks.reads(task_id)
+    follow_ups = [Stream(tasks.client(where), "short", context, task_id) for where in WHERE]
+    await tasks.read_again(task_id, before + 1)  # both reached their replica's handler
+
+    await tasks.open(context)
+
+    for stream in (first, *follow_ups):
+        assert await stream.final_state() == COMPLETED
+    task = await tasks.get(task_id)
+    assert text(task) == "t0 t1 t2 done" * 3
+    asked = [m.parts[0].text for m in task.history if m.role == Role.ROLE_USER]
+    assert asked == ["hold", "short", "short"]
+
+
+@pytest.mark.parametrize("where", WHERE)
+async def test_a_cancel_of_the_task_stops_the_follow_up_queued_behind_it(
+    tasks: Tasks, where: str
+) -> None:
+    """The follow-up waits behind the running execution; a cancel of the task stops that one,
+    and the follow-up is not executed: its stream ends with the execution's ``CANCELED``."""
+    first = Stream(tasks.client(), "stream")
+    task_id = await first.started()
+    context_id = (await tasks.get(task_id)).context_id
+    before = await tasks.reads(task_id)
+    follow_up = Stream(tasks.client(where), "short", context_id, task_id)
+    await tasks.read_again(task_id, before)
+
+    canceled = await tasks.cancel(task_id, "other")
+
+    assert canceled.status.state == CANCELED
+    assert await first.final_state() == CANCELED
+    assert await follow_up.final_state() == CANCELED
+    task = await tasks.get(task_id)
+    assert task.status.state == CANCELED
+    assert "done" not in text(task)  # the follow-up did not run
+    assert "short" not in [m.parts[0].text for m in task.history if m.role == Role.ROLE_USER]
 
 
 @pytest.fixture

@@ -32,7 +32,8 @@ from cancel_bus.integrations import a2a, trpc_agent
 from cancel_bus.integrations.a2a import BusRequestHandler, BusTaskStore
 
 from ..helpers import WAIT
-from .a2a_support import CANCEL_TIMEOUT, card, client, message
+from .a2a_reads import read_routes
+from .a2a_support import CANCEL_TIMEOUT, CountingBusTaskStore, card, client, message
 from .replica_routes import bus_routes, gate_routes
 from .trpc_support import APP, BOSS, GatedSessionService, StreamingAgent, boss
 
@@ -171,13 +172,19 @@ def _artifact_text(artifact: Artifact) -> str:
 
 
 def a2a_app(
-    bus: CancelBus, agent: Any, session_service: Any, url: str, service_name: str = APP
+    bus: CancelBus,
+    agent: Any,
+    session_service: Any,
+    url: str,
+    service_name: str = APP,
+    store: BusTaskStore | None = None,
 ) -> Starlette:
     service = TrpcA2aAgentService(
         service_name=service_name, agent=agent, session_service=session_service
     )
+    store = store or BusTaskStore(bus)
     handler = BusRequestHandler(
-        bus, agent_executor=service, task_store=BusTaskStore(bus), cancel_timeout=CANCEL_TIMEOUT
+        bus, agent_executor=service, task_store=store, cancel_timeout=CANCEL_TIMEOUT
     )
     return A2AStarletteApplication(agent_card=card(url), http_handler=handler).build()
 
@@ -201,14 +208,16 @@ async def serve(bus: CancelBus, url: str) -> AsyncIterator[FastAPI]:
     boss_agent = boss(asking(bus))
     boss_runner = Runner(app_name=BOSS, agent=boss_agent, session_service=sessions)
     app = FastAPI()
+    store = CountingBusTaskStore(bus)  # the A2A service's: its reads counted (a2a_reads.py)
     app.router.routes.extend(
         [
             *TrpcControl(runner, boss_runner).routes(),
             *bus_routes(bus),
             *gate_routes(agent.gate),
+            *read_routes(store.reads),
         ]
     )
-    app.mount("/a2a", a2a_app(bus, agent, sessions, f"{url}/a2a/"))
+    app.mount("/a2a", a2a_app(bus, agent, sessions, f"{url}/a2a/", store=store))
     app.mount("/x", a2a_app(bus, boss_agent, sessions, f"{url}/x/", service_name=BOSS))
     add_agui(app, agent, sessions)
     yield app
