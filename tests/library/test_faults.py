@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import time
 
@@ -340,7 +341,11 @@ async def test_a_failing_heartbeat_is_one_line_per_change_of_state(
     (failing,) = lines("heartbeat: ")[:1]  # the first line says how long and what happens
     assert "s since the last renewal; its runs go on for " in failing, failing
     assert "s more unless Redis renews the lease: " in failing and not failing.endswith(": ")
-    assert len(lines("since the last renewal")) == 1, lines("heartbeat")  # not one per attempt
+    # not one per attempt: a line only when the failure changes kind (a reset after timeouts,
+    # as redis-py 6 reports the healed proxy's, is one)
+    said = lines("since the last renewal")
+    kinds = [line.split("lease: ", 1)[-1].split("): ", 1)[-1].split(" (")[0] for line in said]
+    assert len(said) <= 2 and all(a != b for a, b in itertools.pairwise(kinds)), said
     (stopped,) = lines("stops its runs")
     assert "redis_unreachable" in stopped and "may run out" in stopped
     assert len(lines("heartbeat: over after")) == 1
