@@ -271,7 +271,15 @@ class CancelBus:
         ``descendants`` the runs started below it are cancelled too (cause ``parent``), deepest
         first, and the answer holds one result per run of the tree."""
         return await self._cancel(
-            run_id, None, mode, reason, requested_by, cause, wait, timeout, descendants
+            validate_id(run_id, "run_id"),
+            None,
+            mode,
+            reason,
+            requested_by,
+            cause,
+            wait,
+            timeout,
+            descendants,
         )
 
     async def cancel_session(
@@ -437,11 +445,11 @@ class CancelBus:
     ) -> CancelResult:
         """A cancel of the run (``run_id``) or of the session's active run (``session``)."""
         checked_mode, checked_cause = check.request(mode, cause, reason, requested_by, timeout)
-        target = (
-            session_target(session)
-            if session is not None
-            else run_target(validate_id(str(run_id), "run_id"))
-        )
+        if run_id is not None:
+            target = run_target(run_id)
+        else:
+            assert session is not None
+            target = session_target(session)
         self._lifecycle.require_open()
         order = CancelOrder(
             target, run_id, session, checked_mode, reason, requested_by, checked_cause, descendants

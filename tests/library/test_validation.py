@@ -116,6 +116,7 @@ async def test_bad_arguments_on_a_live_bus_leave_redis_untouched(
         bus.enqueue(metadata={"x": object()}),
         bus.enqueue(metadata={"x": "y" * 20000}),
         bus.wait("r", timeout=0),
+        *(call(None) for call in (bus.cancel, bus.get_run, bus.events, bus.children)),  # type: ignore[arg-type]
     ]
     for call in calls:
         with pytest.raises(InvalidArgument):
@@ -124,6 +125,9 @@ async def test_bad_arguments_on_a_live_bus_leave_redis_untouched(
         {"run_id": "a b"},
         {"app_name": "a", "user_id": "u"},
         {"metadata": "not a dict"},
+        {"multitask_strategy": "interrupt"},  # with no session key
+        {"app_name": "a", "user_id": "u", "session_id": "s", "multitask_strategy": "later"},
+        {"app_name": "a", "user_id": "u", "session_id": "s", "interrupt_timeout": 0},
     ):
         with pytest.raises(InvalidArgument):
             bus.run(**scope_options)  # type: ignore[arg-type]
