@@ -16,6 +16,14 @@ from cancel_bus import ID_PATTERN, MAX_ID_LENGTH, CancelBus, RunHandle, SessionB
 _ID_RE = re.compile(ID_PATTERN)
 
 
+def running_loop(what: str) -> asyncio.AbstractEventLoop:
+    """The running loop, which an adapter's ``what()`` must be called on (the bus's)."""
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        raise RuntimeError(f"{what}() must be called on the event loop of the bus") from None
+
+
 def bus_id(value: str) -> str:
     """``value`` as a bus id: as is if it is a valid one, else ``sha256=`` and its digest."""
     if len(value) <= MAX_ID_LENGTH and _ID_RE.fullmatch(value):

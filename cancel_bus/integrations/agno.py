@@ -46,7 +46,7 @@ from agno.run.cancellation_management.base import BaseRunCancellationManager
 from cancel_bus import CancelBus, CancelResult, Outcome, RunCancelled, RunExists
 
 from ._agno_run import AgnoRun
-from ._sessions import bus_id
+from ._sessions import bus_id, running_loop
 
 __all__ = ["SUPPORTED", "BusRunCancellationManager", "install", "uninstall"]
 
@@ -412,10 +412,7 @@ def install(bus: CancelBus) -> BusRunCancellationManager:
     """Make agno's cancel API cluster-wide through ``bus`` (started; call it on its loop, once
     per process, before AgentOS wires a job queue: that wiring keeps a manager set explicitly).
     Raises ``RuntimeError`` if this agno version moved what this module relies on."""
-    try:
-        loop = asyncio.get_running_loop()
-    except RuntimeError:
-        raise RuntimeError("install() must be called on the event loop of the bus") from None
+    loop = running_loop("install")
     with _INSTALL_LOCK:
         if _INSTALLED:
             raise RuntimeError("a bus is already installed for agno; uninstall() it first")

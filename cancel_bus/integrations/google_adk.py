@@ -57,7 +57,7 @@ from cancel_bus import (
 )
 
 from ._held import HeldCancels
-from ._sessions import Turns, bus_session, enter_session_run, event_text
+from ._sessions import Turns, bus_session, enter_session_run, event_text, running_loop
 
 __all__ = [
     "SUPPORTED",
@@ -173,10 +173,7 @@ def install(bus: CancelBus, *, busy_timeout: float = 10.0) -> None:
     ``busy_timeout``: how long a new invocation of a session waits for the session's stopping run
     to end before ``SessionBusy`` (one active run per session in the cluster). Raises
     ``RuntimeError`` if this ADK version changed ``Runner.run_async``'s parameters."""
-    try:
-        loop = asyncio.get_running_loop()
-    except RuntimeError:
-        raise RuntimeError("install() must be called on the event loop of the bus") from None
+    loop = running_loop("install")
     with _INSTALL_LOCK:
         if _INSTALLED:
             raise RuntimeError("a bus is already installed for google-adk; uninstall() it first")

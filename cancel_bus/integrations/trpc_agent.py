@@ -48,7 +48,7 @@ from trpc_agent_sdk.runners import Runner  # type: ignore[import-untyped]
 from cancel_bus import BusClosed, BusUnavailable, CancelBus, CancelRequest, Outcome
 
 from ._held import HeldCancels
-from ._sessions import bus_session, enter_session_run
+from ._sessions import bus_session, enter_session_run, running_loop
 from ._trpc_run import LocalRun
 
 __all__ = [
@@ -381,7 +381,7 @@ def install(bus: CancelBus, *, busy_timeout: float = 10.0, start_grace: float = 
     ``start_grace``: how long a ``cancel_run`` that finds no run of the key waits for one asked
     for before it to register (and then cancels it). Raises ``RuntimeError`` if this trpc-agent
     version moved the internals this relies on."""
-    loop = _running_loop("install")
+    loop = running_loop("install")
     with _INSTALL_LOCK:
         module = _checked_cancel_module()
         manager = module._manager
@@ -397,7 +397,7 @@ def install(bus: CancelBus, *, busy_timeout: float = 10.0, start_grace: float = 
 def uninstall() -> None:
     """Undo :func:`install` on the running loop; trpc-agent's own manager is back once no loop
     has a bus. Raises ``RuntimeError`` while runs of this loop are still active."""
-    loop = _running_loop("uninstall")
+    loop = running_loop("uninstall")
     with _INSTALL_LOCK:
         module: Any = _cancel
         manager = module._manager
@@ -449,13 +449,6 @@ async def _followed(
             waiting.remove(start)
         if not waiting and node.starting.get(start.key) is waiting:
             del node.starting[start.key]
-
-
-def _running_loop(what: str) -> asyncio.AbstractEventLoop:
-    try:
-        return asyncio.get_running_loop()
-    except RuntimeError:
-        raise RuntimeError(f"{what}() must be called on the event loop of the bus") from None
 
 
 def _checked_cancel_module() -> Any:
