@@ -87,7 +87,7 @@ class ScriptCalls:
     # -- nodes --------------------------------------------------------------------------------
 
     async def register_node(
-        self, node_id: str, lease_ttl: float, interval: float, version: str, epoch: str,
+        self, node_id: str, lease_ttl: float, step: float, version: str, epoch: str,
         restore: bool,
     ) -> tuple[Code, float]:  # fmt: skip
         """-> (ok | in_use | busy | fenced (restore refused), server time)."""
@@ -96,7 +96,7 @@ class ScriptCalls:
             self.keys.node(node_id),
             {
                 "node_id": node_id, "epoch": epoch, "lease_ms": _ms(lease_ttl),
-                "interval_ms": _ms(interval), "version": version,
+                "step_ms": _ms(step), "version": version,
                 "retention_ms": self.retention_ms, "restore": restore,
             },
         )  # fmt: skip
@@ -107,10 +107,11 @@ class ScriptCalls:
         node_id: str,
         epoch: str,
         lease_ttl: float,
-        interval: float,
+        step: float,
         probe: tuple[float, float] | None = None,
     ) -> tuple[Code, float, int]:
-        """-> (ok | fenced | missing, server time, runs recorded for the node). ``probe``: when
+        """-> (ok | fenced | missing, server time, runs recorded for the node). ``step``: the
+        most this beat advances the lease clock (the node's patience). ``probe``: when
         its last probe of its own channel came back (server clock), and how long it took (s)."""
         probe_at, probe_s = ("", "") if probe is None else (f"{probe[0]:.6f}", f"{probe[1]:.6f}")
         answer = await self._call(
@@ -118,7 +119,7 @@ class ScriptCalls:
             self.keys.node(node_id),
             {
                 "node_id": node_id, "epoch": epoch, "lease_ms": _ms(lease_ttl),
-                "interval_ms": _ms(interval), "probe_at": probe_at, "probe_s": probe_s,
+                "step_ms": _ms(step), "probe_at": probe_at, "probe_s": probe_s,
             },
         )  # fmt: skip
         return Code(answer["code"]), float(answer["now"]), int(answer.get("runs", 0))

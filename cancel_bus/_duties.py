@@ -4,7 +4,8 @@ A node's loops are :class:`Duty` values declared once (``_node.py``), each with 
 its backoff (redis-py's backoff classes): the heartbeat, the subscription, the probe, the sweep,
 the outbox, the run updates, the server check. A duty runs turn after turn: a turn returns how
 long until the next (or ``None``: its period; its ``wake`` event cuts the rest short); a turn that
-raises is logged once per change of state (:class:`Trouble`) and tried again after its backoff —
+raises is logged once per change of state (:class:`Trouble`) and tried again after its backoff,
+counted from when the failed turn began (a turn that waited out a timeout has rested already) —
 background work outlives its errors. One-off work — a rejoin, a batch of script calls on its
 way, a chunk of run ends — is spawned into the same group.
 
@@ -21,6 +22,7 @@ import asyncio
 import contextlib
 import logging
 import math
+import time
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -56,7 +58,7 @@ class Duty:
     name: str
     turn: Callable[[], Awaitable[float | None]]  # -> seconds until the next turn (None: period)
     period: Callable[[], float]
-    backoff: Backoff  # the rest after a turn that raised (by the count of failures in a row)
+    backoff: Backoff  # between the starts of failed turns (by the count of failures in a row)
     wake: asyncio.Event | None = None
     at_once: bool = True  # the first turn at once, else after a period
 
@@ -144,13 +146,14 @@ class Duties:
         rest = 0.0 if duty.at_once else duty.period()
         while True:
             await _rest(rest, duty.wake)
+            began = time.monotonic()
             try:
                 due = await duty.turn()
             except Exception as exc:  # a duty outlives its errors
                 raise_if_cancelling()
                 failures += 1
                 trouble.failing(kind_of(exc), str(exc) or repr(exc))
-                rest = duty.backoff.compute(failures)
+                rest = duty.backoff.compute(failures) - (time.monotonic() - began)
                 continue
             if failures:
                 failures = 0

@@ -1,17 +1,19 @@
 """A node's lease: registration, heartbeat, the server-clock estimate, fencing and reaping.
 
-The lease is renewed every ``lease_ttl / 5``; a heartbeat that fails or times out is retried at
-once, with a short backoff, not a whole interval later. On Redis's side leases run on the lease
-clock (``_scripts.py``): it advances at most at the server clock's pace, and a stall, a pause or a
-failover that no heartbeat gets through advances it by one interval at most — so no other node
-may resolve this node's runs before the last renewal Redis acknowledged (dated from when it was
-sent) plus the lease. **Fencing is lease-safe**: the node stops its runs (``redis_unreachable``)
-by then, a margin earlier (``FENCE_MARGIN``: the clock's rate, the stop itself), however it lost
-Redis — a stall, a partition of this node alone, a Redis refusing writes — and never later; no
-answer can say a run ended while its code goes on. So the stall a node rides out without
-stopping its runs is ``lease - interval - margin`` (0.75 of a lease). It keeps heartbeating:
-if Redis answers and still holds its lease (a stall everyone sat out), it goes on as the same
-incarnation; if Redis says the lease is gone (``fenced``), it rejoins as a new one.
+The lease is renewed every ``lease_ttl / 10`` (a beat); a heartbeat that fails is retried with a
+short backoff counted from when it was sent (one that timed out, at once), not a beat later. On
+Redis's side leases run on the lease clock (``_scripts.py``): it advances at most at the server
+clock's pace, and a stall, a pause or a failover that no heartbeat gets through advances it by
+at most the patience (a fifth of the lease: two beats, so a late beat loses no time) — so no
+other node may resolve this node's runs before the last renewal Redis acknowledged (dated from
+when it was sent) plus the lease. **Fencing is lease-safe**: the node stops its runs
+(``redis_unreachable``) by then, a margin earlier (``FENCE_MARGIN``: the clock's rate, the stop
+itself), however it lost Redis — a stall, a partition of this node alone, a Redis refusing
+writes — and never later; no answer can say a run ended while its code goes on. So the stall a
+node rides out without stopping its runs is ``lease - beat - margin`` (0.85 of a lease). It
+keeps heartbeating: if Redis answers and still holds its lease (a stall everyone sat out), it
+goes on as the same incarnation; if Redis says the lease is gone (``fenced``), it rejoins as a
+new one.
 """
 
 from __future__ import annotations
@@ -31,10 +33,11 @@ from ._trouble import Trouble, kind_of
 from ._types import StopCause
 
 REAP_BUDGET = 500
-HEARTBEATS_PER_LEASE = 5
+HEARTBEATS_PER_LEASE = 10
+PATIENCE = 0.2  # of a lease: how long a call to Redis is waited for before it counts as silence
 FENCE_MARGIN = 0.05  # of a lease: the node stops its runs this much before another may resolve them
 RETRY_FIRST = 0.05  # seconds before the first retry of a failed heartbeat; doubles up to...
-RETRY_SHARE = 0.25  # ... this share of the interval
+RETRY_SHARE = 0.5  # ... this share of a beat
 
 
 class LeaseHolder(Protocol):
@@ -67,7 +70,10 @@ class Lease:
     ) -> None:
         self._calls = calls
         self.lease_ttl = lease_ttl
-        self.interval = lease_ttl / HEARTBEATS_PER_LEASE  # between heartbeats
+        self.beat_period = lease_ttl / HEARTBEATS_PER_LEASE  # between heartbeats
+        # how long a call to Redis is waited for (a heartbeat, a finish, a probe) before it
+        # counts as silence; and the most one heartbeat advances the lease clock
+        self.patience = lease_ttl * PATIENCE
         self.self_fence_after = self_fence_after
         self._version = version
         self.holder: LeaseHolder | None = None  # told of renewals, losses, amnesia, reaps
@@ -87,6 +93,11 @@ class Lease:
     @property
     def epoch(self) -> str:
         return self.identity.epoch
+
+    @property
+    def renewed_at(self) -> float:
+        """When (monotonic) the last heartbeat Redis acknowledged was sent."""
+        return self._last_renewed
 
     @property
     def fence_after(self) -> float:
@@ -115,7 +126,7 @@ class Lease:
             try:  # bounded: a late answer would date the lease from a stale send time
                 async with asyncio.timeout(self.lease_ttl / 3):
                     code, server_now = await self._calls.register_node(
-                        node_id, self.lease_ttl, self.interval, self._version, epoch, restore
+                        node_id, self.lease_ttl, self.patience, self._version, epoch, restore
                     )
             except TimeoutError:
                 raise BusUnavailable(
@@ -133,7 +144,7 @@ class Lease:
             if code is Code.IN_USE:
                 if time.monotonic() > give_up:
                     raise NodeIdInUse(node_id)
-                await asyncio.sleep(min(1.0, self.interval))
+                await asyncio.sleep(min(1.0, self.patience))
 
     def stop(self) -> None:
         """No more fencing: the node is closing (its duties are stopped by their owner)."""
@@ -142,13 +153,13 @@ class Lease:
             self._fence.cancel()
 
     def duty(self) -> Duty:
-        """The heartbeat: every interval after the last renewal; a failed beat again at once,
-        with a backoff of at most a quarter interval."""
+        """The heartbeat: a beat after the last renewal; a failed beat again with a backoff of
+        at most half a beat from when it was sent (one that timed out: at once)."""
         return Duty(
             "heartbeat",
             self.turn,
-            period=lambda: self.interval,
-            backoff=backoff(RETRY_FIRST, self.interval * RETRY_SHARE),
+            period=lambda: self.beat_period,
+            backoff=backoff(RETRY_FIRST, self.beat_period * RETRY_SHARE),
             at_once=False,
         )
 
@@ -160,8 +171,8 @@ class Lease:
         renewed = self._last_renewed
         await self.beat()
         if self._last_renewed == renewed:  # answered, but not with a renewal (fenced, forgot us)
-            return self.interval
-        return max(0.0, self._last_renewed + self.interval - time.monotonic())
+            return self.beat_period
+        return max(0.0, self._last_renewed + self.beat_period - time.monotonic())
 
     async def beat(self) -> None:
         """One heartbeat, then reap expired nodes; reports loss or amnesia to the holder."""
@@ -171,9 +182,9 @@ class Lease:
         sent, local_sent = time.monotonic(), time.time()
         me, probe = self.identity, self._tell().probe_back()
         try:
-            async with asyncio.timeout(self.interval):
+            async with asyncio.timeout(self.patience):
                 code, server_now, recorded = await self._calls.heartbeat(
-                    me.node_id, me.epoch, self.lease_ttl, self.interval, probe
+                    me.node_id, me.epoch, self.lease_ttl, self.patience, probe
                 )
         except (CancelBusError, TimeoutError) as exc:  # unavailable, refused, or a defect
             left = self.fence_after - silent
@@ -182,7 +193,7 @@ class Lease:
                 if self.self_fenced
                 else f"its runs go on for {left:.2f} s more unless Redis renews the lease"
             )
-            reason = str(exc) or f"no answer within {self.interval:.2g} s"
+            reason = str(exc) or f"no answer within {self.patience:.2g} s"
             raise BusUnavailable(
                 f"{me.node_id}, {silent:.1f} s since the last renewal; {runs}: {reason}",
                 getattr(exc, "code", None),
@@ -200,9 +211,9 @@ class Lease:
 
     async def reap(self) -> None:
         """Resolve the runs of expired nodes (any live node may do it; idempotent) for at most
-        half a heartbeat interval: the rest waits for the next beat, so a dead node with many
-        runs never holds up this node's own heartbeat until its lease runs out."""
-        until = time.monotonic() + self.interval / 2
+        half a beat: the rest waits for the next beat, so a dead node with many runs never
+        holds up this node's own heartbeat until its lease runs out."""
+        until = time.monotonic() + self.beat_period / 2
         try:
             while True:
                 runs, nodes, more = await self._calls.reap(REAP_BUDGET)

@@ -213,7 +213,7 @@ class LocalRuns:
         finishes = [self._finish(state, ending) for state, ending in ends]
         self.finishing += len(ends)
         try:
-            answers = await self._calls.finish_runs(finishes, timeout=self._lease.interval)
+            answers = await self._calls.finish_runs(finishes, timeout=self._lease.patience)
         finally:
             self.finishing -= len(ends)
         errors: list[BaseException | None] = []
@@ -272,7 +272,7 @@ class LocalRuns:
         """One run's finish, alone (the outbox's retry)."""
         self.finishing += 1
         try:
-            answer = await self._calls.finish_run(self._finish(state, ending), self._lease.interval)
+            answer = await self._calls.finish_run(self._finish(state, ending), self._lease.patience)
         finally:
             self.finishing -= 1
         self._finished(state, answer)

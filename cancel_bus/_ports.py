@@ -46,7 +46,8 @@ class Identified(Protocol):
     def node_id(self) -> str: ...
 
     @property
-    def interval(self) -> float: ...
+    def patience(self) -> float:
+        """How long a call to Redis is waited for before it counts as silence."""
 
     def clock(self) -> float: ...
 

@@ -24,7 +24,7 @@ class ChannelProbe:
         self._notices = notices
         self._lease = lease
         self._stats = stats
-        self.interval = min(5.0, lease.interval)
+        self.interval = min(5.0, lease.patience)
         self._probe: tuple[str, float] | None = None  # (nonce, sent at: monotonic) on its way
         self.probe_back: tuple[float, float] | None = None  # (server time, latency s) of the last
         self.probes_back = 0

@@ -107,7 +107,7 @@ class NodeState(StrEnum):
 
 class ClockField(StrEnum):
     """The fields of the lease clock (``clock``): the server time of the last heartbeat, the
-    lease clock's value then, and the most that heartbeat let it advance (its interval)."""
+    lease clock's value then, and the most that heartbeat let it advance (its step)."""
 
     LAST = "last"
     AT = "at"

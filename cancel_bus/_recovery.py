@@ -146,7 +146,7 @@ class Recovery:
                 except CancelBusError as exc:
                     raise_if_cancelling()
                     log.warning("cancel-bus: rejoin failed, retrying: %s", exc)
-                    await asyncio.sleep(self._lease.interval)
+                    await asyncio.sleep(self._lease.patience)
                     continue
                 if node_id != old_id:
                     await self._subscription.subscribe(timeout=max(5.0, self._lease.lease_ttl))

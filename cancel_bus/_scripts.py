@@ -28,8 +28,9 @@ timestamps are seconds on the server clock as strings with microseconds (``"%d.%
 
 Leases are not judged by the server clock but by the **lease clock** (``clock`` hash): it runs
 only while heartbeats reach Redis. Each heartbeat advances it by the time since the previous
-heartbeat of the namespace, but by at most one heartbeat interval, so a stall, a pause or a
-failover that no heartbeat got through counts for one interval at most (DESIGN.md §9).
+heartbeat of the namespace, but by at most the step that heartbeat declares (a fifth of the
+lease: two beats), so a stall, a pause or a failover that no heartbeat got through counts for
+one step at most (DESIGN.md §9).
 """
 
 from __future__ import annotations

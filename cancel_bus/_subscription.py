@@ -52,7 +52,7 @@ class Subscription:
         self._lease = lease
         self._receive = receive
         self._on_confirmed = confirmed
-        self._ping_interval = min(5.0, lease.interval)
+        self._ping_interval = min(5.0, lease.patience)
         self._channel: str | None = None  # the channel to listen on (None: none)
         self._moved = asyncio.Event()  # the channel changed: the subscription ends
         self._wake = asyncio.Event()  # there is a channel to subscribe to

@@ -11,7 +11,7 @@ local function fmt(seconds) return string.format('%.6f', seconds) end
 local function meta_or_nil(value) if value == '' then return nil end return value end
 
 -- Now on the lease clock: its value at the last heartbeat, plus the time since, capped at the
--- interval that heartbeat declared. Without a clock yet, the server clock.
+-- step that heartbeat declared. Without a clock yet, the server clock.
 local LEASE_NOW = nil
 local function lease_clock(cap)
   local c = redis.call('HMGET', key_lease_clock(), CLOCK.LAST, CLOCK.AT, CLOCK.CAP)
@@ -23,7 +23,7 @@ local function lease_now()
   return LEASE_NOW
 end
 
--- A heartbeat reached Redis: advance the lease clock (by at most `cap`, the caller's interval).
+-- A heartbeat reached Redis: advance the lease clock (by at most `cap`, the caller's step).
 local function tick_lease_clock(cap)
   LEASE_NOW = lease_clock(cap)
   redis.call('HSET', key_lease_clock(), CLOCK.LAST, fmt(NOW_S), CLOCK.AT, fmt(LEASE_NOW),

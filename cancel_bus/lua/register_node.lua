@@ -1,14 +1,14 @@
 #!lua flags=allow-oom
 -- KEYS[1] the node's hash
 -- A: node_id, epoch (the incarnation's fencing token: random, chosen by the node), lease_ms,
---    interval_ms (the caller's heartbeat interval: the most one beat advances the lease clock),
+--    step_ms (the most one beat advances the lease clock: the caller's patience),
 --    version, retention_ms, pub (PUBLISH / SPUBLISH / '' on a signed bus), restore (true: the
 --    node takes back the incarnation Redis forgot, e.g. after a restart without persistence;
 --    refused if Redis still knows the node)
 -- -> {code = ok | in_use | busy (an expired incarnation of the id still has runs to resolve:
 --    call again) | fenced (restore refused), now}
 local nodes, node_key = key_nodes(), KEYS[1]
-tick_lease_clock(A.interval_ms / 1000)
+tick_lease_clock(A.step_ms / 1000)
 local forgotten = redis.call('EXISTS', node_key) == 0
 if (not forgotten) and node_alive(A.node_id, A.epoch) then return {code = C.OK, now = NOW} end
 if A.restore and not forgotten then return {code = C.FENCED, now = NOW} end

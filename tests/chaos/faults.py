@@ -2,7 +2,7 @@
 
 Node faults strike one node (the checker may blame them for what happens to that node's runs);
 Redis faults strike every node at once and may never cost a run its life while they last less
-than a node rides out (0.75 of a lease): a stalled Redis is nobody's death. Redis's error replies
+than a node rides out (0.85 of a lease): a stalled Redis is nobody's death. Redis's error replies
 are faults too — real ones (out of memory, a busy script, a snapshot that cannot be written) and,
 through a node's proxy, every reply code of the library's classification table, one per strike.
 """

@@ -36,6 +36,7 @@ import redis
 import redis.asyncio as aioredis
 
 from cancel_bus._keys import KeySpace
+from cancel_bus._lease import FENCE_MARGIN, HEARTBEATS_PER_LEASE
 from node.embedded import EmbeddedServer, free_port
 
 from ..faultproxy import FaultProxy
@@ -48,7 +49,7 @@ SWEEP = 2.0  # the bus default sweep interval
 RETENTION = 600.0
 # The longest Redis-wide outage the nodes ride out without stopping their runs: past it, each
 # stops them itself before its lease could run out (``redis_unreachable``, DESIGN §9).
-RIDE_OUT = 0.75 * LEASE_TTL
+RIDE_OUT = (1 - 1 / HEARTBEATS_PER_LEASE - FENCE_MARGIN) * LEASE_TTL  # 0.85 of a lease
 # Sentinel: the primary is declared down once a PING has waited this long for its reply. The
 # stalls the sentinel topology injects (at most 0.65 lease = 1.3 s) must not become failovers:
 # on a loaded machine the primary answers up to ~0.7 s after a stall ends (the backlog first).

@@ -38,7 +38,7 @@ async def test_reaping_yields_to_the_next_heartbeat(
     raw_redis: aioredis.Redis, namespace: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # a dead node with more runs than one beat can reap must not hold up the reaper's own
-    # heartbeat until its lease runs out: each beat reaps for half an interval at most
+    # heartbeat until its lease runs out: each beat reaps for half a beat at most
     monkeypatch.setattr(_lease, "REAP_BUDGET", 1)  # a script per run
     store = calls_on(raw_redis, namespace)
     epoch = uuid.uuid4().hex[:16]
@@ -57,11 +57,11 @@ async def test_reaping_yields_to_the_next_heartbeat(
 
     monkeypatch.setattr(store, "reap", timed_reap)
     holder = Holder()
-    lease = Lease(store, node_id="reaper", lease_ttl=0.5, self_fence_after=60, version="test")
+    lease = Lease(store, node_id="reaper", lease_ttl=1.0, self_fence_after=60, version="test")
     lease.holder = holder
 
     await asyncio.wait_for(lease.reap(), WAIT)
-    assert holder.reaped == 6  # half of a 0.1 s interval, then the one script that crossed it
+    assert holder.reaped == 6  # half of a 0.1 s beat, then the one script that crossed it
     async with asyncio.timeout(WAIT):
         while await raw_redis.zcard(store.keys.active):
             await lease.reap()
