@@ -583,12 +583,13 @@ async def test_calls_made_together_leave_in_few_bounded_batches(
     store: Store, raw_redis: aioredis.Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     epoch = await _node(store)
-    sending = most = 0
+    sending = most = sent = 0
     send = ScriptBatcher._send
 
     async def counted(self: ScriptBatcher, script: Any, batch: list[Any]) -> None:
-        nonlocal sending, most
+        nonlocal sending, most, sent
         sending += 1
+        sent += 1
         most = max(most, sending)
         try:
             await send(self, script, batch)
@@ -596,19 +597,14 @@ async def test_calls_made_together_leave_in_few_bounded_batches(
             sending -= 1
 
     monkeypatch.setattr(ScriptBatcher, "_send", counted)
-    before = await _evalsha_calls(raw_redis)
     calls = 3000
     answers = await asyncio.gather(*(_start(store, f"r{i}", "n1", epoch) for i in range(calls)))
     assert [record["status"] for record in answers] == ["running"] * calls
     assert most <= MAX_IN_FLIGHT  # a burst is a queue, not a race for connections
-    sent = await _evalsha_calls(raw_redis) - before
-    assert sent <= calls // MAX_CALLS + MAX_IN_FLIGHT + 2  # one turn's calls share batches
+    # one turn's calls share batches (counted here: the server's own count of script calls
+    # also holds the heartbeats of every other bus on it)
+    assert sent <= calls // MAX_CALLS + MAX_IN_FLIGHT + 2
     assert await raw_redis.scard(store.keys.node_runs("n1")) == calls
-
-
-async def _evalsha_calls(redis: aioredis.Redis) -> int:
-    stats = await redis.info("commandstats")
-    return int(stats.get("cmdstat_evalsha", {}).get("calls", 0))
 
 
 async def test_a_cancel_takes_its_turn_in_a_burst_of_finishes(
