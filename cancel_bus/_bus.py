@@ -11,7 +11,7 @@ finish notice.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from types import TracebackType
 from typing import Any
 
@@ -198,6 +198,7 @@ class CancelBus:
         multitask_strategy: MultitaskStrategy | str = MultitaskStrategy.REJECT,
         interrupt_mode: CancelMode | str = CancelMode.CHECKPOINT,
         interrupt_timeout: float = 10.0,
+        on_queued: Callable[[RunInfo], object] | None = None,
     ) -> RunScope:
         """Run here: ``async with bus.run(...) as run``. A queued run of that id is claimed.
 
@@ -207,10 +208,15 @@ class CancelBus:
         and it never starts once the parent's cancel is accepted. ``detached`` starts no child.
 
         A session with an active run (on any node): ``multitask_strategy`` ``reject`` raises
-        :class:`SessionBusy`; ``interrupt`` cancels that run (``interrupt_mode``, cause
-        ``interrupt``, asked by this run), waits up to ``interrupt_timeout`` for its end, then
-        starts (``run.interrupted`` is the run as it ended); ``rollback`` as interrupt, the
-        interrupted run recorded with its output discarded (end reason ``rolled_back``).
+        :class:`SessionBusy`; ``enqueue`` records this run ``queued`` behind it (visible, and
+        cancellable from any node: a cancel of the session cancels it too), tells
+        ``on_queued`` its record, and enters once the runs before it have ended, in arrival
+        order (:class:`RunCancelled` if it was cancelled meanwhile; a wait abandoned — its task
+        cancelled, the bus closing — records it cancelled); ``interrupt`` cancels that run
+        (``interrupt_mode``, cause ``interrupt``, asked by this run), waits up to
+        ``interrupt_timeout`` for its end, then starts (``run.interrupted`` is the run as it
+        ended); ``rollback`` as interrupt, the interrupted run recorded with its output
+        discarded (end reason ``rolled_back``).
         :class:`SessionBusy` if it did not end in time."""
         session = check.session(app_name, user_id, session_id)
         strategy = check.multitask(multitask_strategy, session)
@@ -223,6 +229,7 @@ class CancelBus:
             strategy=strategy,
             interrupt_mode=check.mode(interrupt_mode),
             interrupt_timeout=check.timeout(interrupt_timeout),
+            on_queued=on_queued,
         )
         return RunScope(self._node.local, spec, self._node.caller)
 

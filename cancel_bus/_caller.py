@@ -15,7 +15,7 @@ import asyncio
 import logging
 
 from ._calls import ScriptCalls
-from ._errors import BusUnavailable, SessionBusy
+from ._errors import BusUnavailable, CancelBusError, SessionBusy
 from ._messages import run_target
 from ._ports import Delivery, Identified, Keeper, Owner
 from ._protocol import CancelAnswer, CancelOrder, Code
@@ -24,6 +24,7 @@ from ._redis import within
 from ._run import RunSpec
 from ._types import (
     BusStats,
+    CancelMode,
     CancelRequest,
     CancelResult,
     Outcome,
@@ -35,6 +36,8 @@ from ._waiters import Waiters
 
 log = logging.getLogger("cancel_bus")
 
+TURN_RECHECK = 5.0  # seconds a queued run waits before trying its start again (a lost notice)
+WITHDRAW_TRIES = 3  # attempts to withdraw a queued run that will not start
 RECOVERING_FIRST = 0.05  # seconds before asking again about a run Redis may have lost; doubles
 RECOVERING_MOST = 0.5  # ... up to this
 
@@ -135,6 +138,48 @@ class CallerSide:
             )
         return CancelResult(
             outcome=root.outcome, run=root.run, descendants=below, truncated=answer.truncated
+        )
+
+    async def await_turn(self, run_id: str, holder: str) -> None:
+        """Return once the run ``holder`` (whose end the queued ``run_id`` waits for) or
+        ``run_id`` itself (cancelled while queued) has ended, or after :data:`TURN_RECHECK`.
+        :class:`BusUnavailable` if Redis cannot say."""
+        waits = [asyncio.ensure_future(self.wait(r, TURN_RECHECK)) for r in (holder, run_id)]
+        try:
+            done, _ = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for waiting in waits:
+                waiting.cancel()
+            await asyncio.gather(*waits, return_exceptions=True)
+        for waiting in done:
+            waiting.result()
+
+    async def withdraw(self, run_id: str) -> None:
+        """Record the queued ``run_id`` cancelled (cause ``client_disconnect``): it will not
+        start, and the runs queued behind it move up. Tried a few times; if Redis stays away,
+        the run stays queued until cancelled (logged)."""
+        order = CancelOrder(
+            target=run_target(run_id),
+            run_id=run_id,
+            session=None,
+            mode=CancelMode.IMMEDIATE,
+            reason="its caller stopped waiting for its turn",
+            requested_by=self._lease.identity.node_id,
+            cause=StopCause.CLIENT_DISCONNECT,
+            tree=True,
+        )
+        failure: CancelBusError | None = None
+        for _ in range(WITHDRAW_TRIES):
+            try:
+                await self.cancel(order, wait=False, timeout=self._lease.patience)
+                return
+            except CancelBusError as exc:
+                failure = exc
+        log.warning(
+            "cancel-bus: queued run %s could not be withdrawn (%s): it stays queued until "
+            "cancelled",
+            run_id,
+            failure,
         )
 
     async def wait(self, run_id: str, timeout: float) -> RunInfo | None:

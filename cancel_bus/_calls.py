@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any, Protocol
 
-from ._errors import BusUnavailable, Fenced, RunExists, SessionBusy
+from ._errors import BusUnavailable, Fenced, Queued, RunExists, SessionBusy
 from ._keys import KeySpace
 from ._messages import MessageKind
 from ._protocol import (
@@ -151,11 +151,13 @@ class ScriptCalls:
         metadata: dict[str, Any] | None,
         relay: bool,
         parent: str | None = None,
+        queue: bool = False,
     ) -> Record:
         """The run's record, registered (or claimed) as this incarnation's. Raises
         :class:`Fenced`, :class:`BusUnavailable` (Redis forgot this node), :class:`SessionBusy`,
         :class:`RunExists`, or :class:`RunCancelled` for a run that must not start (its parent's
-        cancel, a tombstone)."""
+        cancel, a tombstone). With ``queue``, a busy session's run is recorded queued behind
+        its active run, or still waits there: :class:`Queued`."""
         app, user, sess = session or ("", "", "")
         answer, _ = await self._call_notifying(
             "start_run",
@@ -164,12 +166,16 @@ class ScriptCalls:
                 "run_id": run_id, "node_id": node_id, "epoch": epoch, "app_name": app,
                 "user_id": user, "session_id": sess, "metadata": _json_or_empty(metadata),
                 "relay": relay, "parent": parent or "", "retention_ms": self.retention_ms,
+                "queue": queue,
             },
         )  # fmt: skip
         code = _refused(answer, f"node {node_id}")
         if code is Code.SESSION_BUSY:
             assert session is not None
             raise SessionBusy(session, answer["holder"])
+        if code is Code.QUEUED:
+            assert session is not None
+            raise Queued(session, answer["holder"], answer["run"])
         record: Record = answer["run"]
         if code is Code.CANCELLED:  # its parent's cancel, or a tombstone: it never starts
             raise RunCancelled(run_id, RunInfo.from_redis(record).cancel_request)

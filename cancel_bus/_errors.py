@@ -14,6 +14,7 @@
      ├── RunNotFound          no such run (where an answer object cannot say so)
      ├── RunExists            the run id is taken (ids are never reused)
      ├── SessionBusy          the session key already has an active run
+     │    └── Queued          the run waits in the session's queue (internal: strategy enqueue)
      ├── Fenced               this node lost its lease; its writes are refused
      ├── NodeIdInUse          another live incarnation holds this node id
      └── InvalidArgument      bad input, rejected before touching Redis (also a ValueError)
@@ -88,6 +89,17 @@ class SessionBusy(CancelBusError):
         )
         self.session = session
         self.active_run_id = active_run_id
+
+
+class Queued(SessionBusy):
+    """The run waits in its session's queue (strategy ``enqueue``) for ``active_run_id`` to end;
+    ``record`` is its record as stored. Not raised to callers: the run scope waits its turn."""
+
+    def __init__(
+        self, session: tuple[str, str, str], active_run_id: str, record: dict[str, str]
+    ) -> None:
+        super().__init__(session, active_run_id)
+        self.record = record
 
 
 class Fenced(CancelBusError):

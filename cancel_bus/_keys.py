@@ -61,9 +61,11 @@ KEY_TEMPLATES: dict[str, str] = {
     "relay": "out:{run_id}",
     "waiters": "wait:{run_id}",
     "session": "sess:{app_name}:{user_id}:{session_id}",
+    "session_queue": "sessq:{app_name}:{user_id}:{session_id}",
     "node": "node:{node_id}",
     "node_runs": "node:{node_id}:runs",
     "node_pending": "node:{node_id}:pending",
+    "node_queued": "node:{node_id}:queued",
     "channel": "chan:{node_id}",
     "children": "kids:{run_id}",
     "tombstones": "tombstones",
@@ -139,6 +141,11 @@ class KeySpace:
         """The active run id of a session key (ids cannot hold ':', so this is unambiguous)."""
         return self.name("session", app_name=app_name, user_id=user_id, session_id=session_id)
 
+    def session_queue(self, app_name: str, user_id: str, session_id: str) -> str:
+        """Sorted set of the runs queued behind the session's active run (strategy
+        ``enqueue``), scored by arrival."""
+        return self.name("session_queue", app_name=app_name, user_id=user_id, session_id=session_id)
+
     def node(self, node_id: str) -> str:
         return self.name("node", node_id=node_id)
 
@@ -148,6 +155,10 @@ class KeySpace:
     def node_pending(self, node_id: str) -> str:
         """Hash run id -> cancel mode of the cancels pending on the node's runs."""
         return self.name("node_pending", node_id=node_id)
+
+    def node_queued(self, node_id: str) -> str:
+        """Set of the queued runs waiting for their turn on the node (strategy ``enqueue``)."""
+        return self.name("node_queued", node_id=node_id)
 
     def channel(self, node_id: str) -> str:
         """The node's own pub/sub channel: cancels for its runs, finishes it waits for."""

@@ -29,7 +29,14 @@ from ._run import ProfiledRunHandle, RunHandle, RunSpec
 from ._run_state import Ending, RunCancelled, RunState
 from ._state import Lifecycle
 from ._timed import TimedMap
-from ._types import BusStats, CancelMode, CancelRequest, RunStatus, StopCause
+from ._types import (
+    BusStats,
+    CancelMode,
+    CancelRequest,
+    MultitaskStrategy,
+    RunStatus,
+    StopCause,
+)
 
 log = logging.getLogger("cancel_bus")
 
@@ -167,6 +174,7 @@ class LocalRuns:
                 spec.metadata,
                 spec.relay,
                 spec.parent,
+                queue=spec.strategy is MultitaskStrategy.ENQUEUE,
             )
         finally:
             self.starting -= 1

@@ -26,6 +26,7 @@ class Code(StrEnum):
     MISSING = "missing"  # Redis has no record of the caller's node: it lost our data
     EXISTS = "exists"  # the run id is taken
     SESSION_BUSY = "session_busy"  # the session key has an active run
+    QUEUED = "queued"  # recorded queued behind the session's active run (strategy 'enqueue')
     CANCELLED = "cancelled"  # cancelled (a queued or waiting run, or one that must not start)
     NOT_FOUND = "not_found"
     RECOVERING = "recovering"  # not found, but Redis lost the namespace's data lately

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Protocol
 
-from ._errors import InvalidArgument, RunEnded, SessionBusy
-from ._run_state import Ending, RunState, current_run
+from ._errors import InvalidArgument, Queued, RunEnded, SessionBusy
+from ._run_state import Ending, RunCancelled, RunState, current_run
 from ._types import CancelMode, CancelRequest, MultitaskStrategy, RunInfo, RunStatus, StopCause
 
 
@@ -48,7 +48,8 @@ MAX_LABEL = 200  # characters of a phase or an event type
 class RunSpec:
     """A run to start, checked: its id, session key, metadata, relay, parent, and what it does
     to its session's active run (``strategy``, the cancel's ``interrupt_mode``, and how long
-    it waits for that run's end: ``interrupt_timeout``)."""
+    it waits for that run's end: ``interrupt_timeout``); ``on_queued`` is told the run's record
+    once it waits in the session's queue (strategy ``enqueue``)."""
 
     run_id: str
     session: tuple[str, str, str] | None
@@ -58,12 +59,21 @@ class RunSpec:
     strategy: MultitaskStrategy = MultitaskStrategy.REJECT
     interrupt_mode: CancelMode = CancelMode.CHECKPOINT
     interrupt_timeout: float = 10.0
+    on_queued: Callable[[RunInfo], object] | None = None
 
 
 class Interrupter(Protocol):
-    """Who stops a session's active run for a new one (the caller side)."""
+    """Who deals with a session's active run for a new one (the caller side): stops it, or
+    waits for its end in the session's queue."""
 
     async def interrupt(self, holder: str, spec: RunSpec, timeout: float) -> RunInfo | None: ...
+
+    async def await_turn(self, run_id: str, holder: str) -> None:
+        """Return once ``holder`` or the queued ``run_id`` itself has ended (or a while has
+        passed: the start is then tried again)."""
+
+    async def withdraw(self, run_id: str) -> None:
+        """The queued ``run_id`` will not start here: record it cancelled, best effort."""
 
 
 class RunHandle:
@@ -312,14 +322,22 @@ class RunScope:
 
     async def _start(self) -> RunHandle:
         """Start the run; a busy session's active run is interrupted first if the strategy
-        says so (again, if another run took the session meanwhile), within its timeout."""
+        says so (again, if another run took the session meanwhile), within its timeout — or
+        waited for in the session's queue, for as long as it takes."""
         spec = self._spec
         loop = asyncio.get_running_loop()
         deadline = loop.time() + spec.interrupt_timeout
         interrupted: RunInfo | None = None
+        queued = False
         while True:
             try:
                 handle = await self._owner.start_run(spec)
+            except Queued as waiting:
+                if not queued and spec.on_queued is not None:
+                    spec.on_queued(RunInfo.from_redis(waiting.record))
+                queued = True
+                await self._wait_turn(waiting.active_run_id)
+                continue
             except SessionBusy as busy:
                 left = deadline - loop.time()
                 if spec.strategy is MultitaskStrategy.REJECT or not self._interrupter or left <= 0:
@@ -327,8 +345,28 @@ class RunScope:
                 ended = await self._interrupter.interrupt(busy.active_run_id, spec, left)
                 interrupted = ended or interrupted
                 continue
+            except RunCancelled:
+                raise  # it must not start (cancelled while it waited its turn: recorded so)
+            except BaseException:
+                if queued:
+                    await self._withdraw()
+                raise
             handle._interrupted = interrupted
             return handle
+
+    async def _wait_turn(self, holder: str) -> None:
+        """Wait in the session's queue for ``holder`` to end; a queued run that stops waiting
+        (its task cancelled, Redis away, the bus closing) is withdrawn from the queue."""
+        assert self._interrupter is not None
+        try:
+            await self._interrupter.await_turn(self._spec.run_id, holder)
+        except BaseException:
+            await self._withdraw()
+            raise
+
+    async def _withdraw(self) -> None:
+        assert self._interrupter is not None
+        await asyncio.shield(self._interrupter.withdraw(self._spec.run_id))
 
     async def __aexit__(
         self,

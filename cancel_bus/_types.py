@@ -99,11 +99,13 @@ REQUEST_CAUSES = frozenset(
 
 class MultitaskStrategy(StrEnum):
     """What a new run of a session does when the session has an active run ("double
-    texting"): ``reject`` it (:class:`SessionBusy`), ``interrupt`` it (cancel it, wait for its
-    end, then start: the new run reads the one it interrupted), or ``rollback`` (as interrupt,
-    the interrupted run recorded with its output discarded)."""
+    texting"): ``reject`` it (:class:`SessionBusy`), ``enqueue`` behind it (recorded
+    ``queued``, it starts when the runs before it have ended, in arrival order), ``interrupt``
+    it (cancel it, wait for its end, then start: the new run reads the one it interrupted), or
+    ``rollback`` (as interrupt, the interrupted run recorded with its output discarded)."""
 
     REJECT = "reject"
+    ENQUEUE = "enqueue"
     INTERRUPT = "interrupt"
     ROLLBACK = "rollback"
 

@@ -41,6 +41,7 @@ CANCEL_PHASES = (
     ("finished", "finished_at"),
 )
 GAP = 2  # columns between a table's columns
+REPLACED = frozenset({"interrupt", "rollback"})  # causes whose requester replaced the run
 
 
 def span(seconds: float) -> str:
@@ -305,6 +306,8 @@ def _fields(run: RunInfo, now: float) -> list[tuple[str, str]]:
         cause = run.cancel_cause.value if run.cancel_cause else "user"
         asked = f"requested {local_time(requested)}, {mode} by {run.requested_by or '?'}"
         rows.append(("cancel", f"{asked} ({cause})"))
+        if cause in REPLACED and run.requested_by:  # double texting: the run that replaced it
+            rows.append(("replaced by", run.requested_by))
         if run.cancel_reason:
             rows.append(("reason", run.cancel_reason))
         phases = []

@@ -69,8 +69,9 @@ class StartRun(BaseModel):
     multitask_strategy: MultitaskStrategy = Field(
         default=MultitaskStrategy.REJECT,
         description="what it does to the session's active run (on any node): reject (409), "
-        "interrupt (cancel it, wait for its end, then start), rollback (as interrupt, its output "
-        "discarded)",
+        "enqueue (recorded queued behind it, answered 201 with status queued, started here when "
+        "the runs before it have ended, in arrival order), interrupt (cancel it, wait for its "
+        "end, then start), rollback (as interrupt, its output discarded)",
     )
     interrupt_mode: CancelMode = CancelMode.CHECKPOINT
     interrupt_timeout: float = Field(

@@ -227,16 +227,16 @@ class NodeService:
         return sorted(views, key=lambda n: n.node_id)
 
     async def start_run(self, body: StartRun) -> RunInfo:
-        """Register the run here and start the agent; returns once it is recorded running.
+        """Register the run here and start the agent; returns once it is recorded running (or
+        queued behind its session's active run: strategy ``enqueue``, it starts here later).
         Raises :class:`RunExists` or :class:`RunCancelled` for a given id that is taken."""
         if body.run_id is not None:
             await self._check_claimable(body.run_id, (body.app_name, body.user_id, body.session_id))
-        registered: asyncio.Future[RunHandle] = asyncio.get_running_loop().create_future()
+        registered: asyncio.Future[RunInfo] = asyncio.get_running_loop().create_future()
         task = asyncio.create_task(self._execute(body, registered))
         self._runs.add(task)
         task.add_done_callback(self._runs.discard)
-        handle = await registered
-        return handle.info  # as its start recorded it: no second round trip
+        return await registered  # as its start recorded it: no second round trip
 
     async def _check_claimable(self, run_id: str, session: tuple[str, str, str]) -> None:
         """A given run id must be new in every namespace, or name a queued run of this very
@@ -345,9 +345,14 @@ class NodeService:
 
         self._keep(cancel())
 
-    async def _execute(self, body: StartRun, registered: asyncio.Future[RunHandle]) -> None:
+    async def _execute(self, body: StartRun, registered: asyncio.Future[RunInfo]) -> None:
         bus = self.bus_for_app(body.app_name)
         handle: RunHandle | None = None
+
+        def queued(run: RunInfo) -> None:
+            if not registered.done():
+                registered.set_result(run)
+
         try:
             async with bus.run(
                 body.run_id,
@@ -360,9 +365,11 @@ class NodeService:
                 multitask_strategy=body.multitask_strategy,
                 interrupt_mode=body.interrupt_mode,
                 interrupt_timeout=body.interrupt_timeout,
+                on_queued=queued,
             ) as run:
                 handle = run
-                registered.set_result(run)
+                if not registered.done():
+                    registered.set_result(run.info)
                 self.metrics.runs_started.labels(bus.namespace).inc()
                 try:
                     await run_agent(run, body.agent)
@@ -372,6 +379,10 @@ class NodeService:
         except asyncio.CancelledError:
             registered.cancel()
             raise
+        except RunCancelled as exc:
+            if not registered.done():
+                registered.set_exception(exc)
+            # else: cancelled while queued, and recorded so; nothing ran
         except Exception as exc:
             if registered.done():
                 log.warning("run failed: %s: %s", type(exc).__name__, exc)

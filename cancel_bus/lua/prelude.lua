@@ -128,6 +128,28 @@ local function session_holder(app, user, sess)
   return nil
 end
 
+-- The session's turn passes to the first run of its queue still queued (multitask strategy
+-- 'enqueue': arrival order), which holds the session from now on; -> its id, nil if none waits.
+-- Its node learns it from the end of the run it waited for (it is that run's waiter).
+local function session_next(app, user, sess)
+  local qk = key_session_queue(app, user, sess)
+  while true do
+    local head = redis.call('ZRANGE', qk, 0, 0)[1]
+    if not head then return nil end
+    redis.call('ZREM', qk, head)
+    if redis.call('HGET', key_run(head), R.STATUS) == 'queued' then
+      redis.call('SET', key_session(app, user, sess), head)
+      return head
+    end
+  end
+end
+
+-- The run holding the session: its active run, else (the holder's record is gone) the head of
+-- its queue, which takes the turn now; nil: the session is free.
+local function session_taken(app, user, sess)
+  return session_holder(app, user, sess) or session_next(app, user, sess)
+end
+
 -- Ends an active run: terminal state, out of every active index, expiry scheduled, waiters rung.
 local function finalize(run_id, status, end_reason, fields, retention_ms, pub)
   local rk = key_run(run_id)
@@ -136,11 +158,16 @@ local function finalize(run_id, status, end_reason, fields, retention_ms, pub)
     unpack(fields))
   if info[1] then
     redis.call('SREM', key_node_runs(info[1]), run_id)
+    redis.call('SREM', key_node_queued(info[1]), run_id)
     redis.call('HDEL', key_node_pending(info[1]), run_id)
   end
   if info[2] then
     local sk = key_session(info[2], info[3], info[4])
-    if redis.call('GET', sk) == run_id then redis.call('DEL', sk) end
+    redis.call('ZREM', key_session_queue(info[2], info[3], info[4]), run_id)
+    if redis.call('GET', sk) == run_id then
+      redis.call('DEL', sk)
+      session_next(info[2], info[3], info[4])
+    end
   end
   redis.call('ZREM', key_active(), run_id)
   redis.call('ZADD', key_finished(), NOW, run_id)
@@ -339,14 +366,26 @@ end
 -- Returns runs resolved, and whether the node is now fully reaped.
 local function reap_node(node_id, budget, retention_ms, pub, final_state)
   local nk = key_node(node_id)
-  local runs_key = key_node_runs(node_id)
+  local runs_key, queued_key = key_node_runs(node_id), key_node_queued(node_id)
   local resolved = 0
   if budget > 0 then
-    for _, id in ipairs(redis.call('SPOP', runs_key, budget)) do
+    for _, id in ipairs(redis.call('SPOP', queued_key, budget)) do  -- waiting for their turn
+      if redis.call('HGET', key_run(id), R.STATUS) == 'queued' then
+        finalize(id, 'failed', 'owner_lost',
+          {R.ERROR, 'owner_lost: node ' .. node_id .. ', where it waited its turn, is gone'},
+          retention_ms, pub)
+        resolved = resolved + 1
+      end
+    end
+  end
+  if budget > resolved then
+    for _, id in ipairs(redis.call('SPOP', runs_key, budget - resolved)) do
       if resolve_owner_lost(id, retention_ms, pub) then resolved = resolved + 1 end
     end
   end
-  if redis.call('SCARD', runs_key) > 0 then return resolved, false end
+  if redis.call('SCARD', runs_key) + redis.call('SCARD', queued_key) > 0 then
+    return resolved, false
+  end
   redis.call('ZREM', key_nodes(), node_id)
   redis.call('DEL', key_node_pending(node_id))
   if redis.call('EXISTS', nk) == 1 then

@@ -7,7 +7,8 @@
 --    because its answer was lost finds the run its first run reached and answers for it — and
 --    its tree — as they now stand: stopping while active, else how it ended)
 -- The target's run, and with `tree` every run started below it (cause 'parent'), deepest first:
--- each as cancel_one does it. The owner is told on its channel, in a message bound to it (its
+-- each as cancel_one does it. A session's cancel also cancels the runs queued behind its active
+-- run (multitask strategy 'enqueue'), first, with the same cause: they answer among `below`. The owner is told on its channel, in a message bound to it (its
 -- node id and epoch) and to the run — not when the caller is the owner: it sets the token itself.
 -- -> {code = not_found | recovering (not found, but Redis lost data lately: ask again)
 --    | already_finished | cancelled | owner_lost | stopping, run, receivers (-1: none was
@@ -63,10 +64,21 @@ if (not st) or (by_session and not ACTIVE[st]) then  -- a session has no *active
   return not_found()
 end
 remember(run_id)
+local queued = {}
+if by_session then
+  local s = redis.call('HMGET', key_run(run_id), R.APP_NAME, R.USER_ID, R.SESSION_ID)
+  for _, id in ipairs(redis.call('ZRANGE', key_session_queue(s[1], s[2], s[3]), 0, -1)) do
+    local a = cancel_one(id, RUN_PREFIX .. id, A.mode, A.reason, A.requested_by, A.cause,
+      A.waiter, A.caller, A.retention_ms, A.pub)
+    a.run_id = id
+    table.insert(queued, a)
+  end
+end
 local below, cut = tree_of(run_id, function(kid)
   return cancel_one(kid, RUN_PREFIX .. kid, A.mode, A.reason, A.requested_by, 'parent',
     A.waiter, A.caller, A.retention_ms, A.pub)
 end)
+for _, a in ipairs(queued) do table.insert(below, a) end
 local a = cancel_one(run_id, A.target, A.mode, A.reason, A.requested_by, A.cause, A.waiter,
   A.caller, A.retention_ms, A.pub)
 return answer(a, below, cut)

@@ -13,6 +13,7 @@ import {state} from "./state.js";
 import {drawTree, loadTree, treeActive} from "./tree.js";
 
 const SLOWEST_SHOWN = 5; // checkpoint sites of a run's profile
+const REPLACED = new Set(["interrupt", "rollback"]); // causes whose requester replaced the run
 
 export async function openDetail(runId, opener) {
   if (state.detail && state.detail.runId === runId) return;
@@ -110,6 +111,7 @@ function renderDetail(run, events, children) {
     ["phase", run.phase],
     ["cancel", run.cancel_mode && `${run.cancel_mode}, asked by ${run.requested_by || "?"}` +
       ` (${run.cancel_cause || "user"})`],
+    ["replaced by", REPLACED.has(run.cancel_cause) && run.requested_by && runLink(run.requested_by)],
     ["cancel reason", run.cancel_reason],
     ["error", run.error],
     ["leaked after its end", leakOf(run.leaked_after_cancel)],

@@ -3,9 +3,11 @@
     python -m tests.library.session_runner URL NAMESPACE SESSION_ID STRATEGY RUN_ID
 
 It starts the run with that ``multitask_strategy`` and prints one JSON line per step:
+``{"queued": run_id}`` if it waits in the session's queue, then
 ``{"started": run_id, "interrupted": run_id | null, "interrupted_output": str | null}``, then
 emits ``tick N`` at a checkpoint every 10 ms until cancelled: ``{"cancelled": cause}``; or, if
-the session stayed busy, ``{"busy": active_run_id}``. It closes its bus and exits 0."""
+the session stayed busy, ``{"busy": active_run_id}``; or, cancelled before it started,
+``{"never_started": cause}``. It closes its bus and exits 0."""
 
 from __future__ import annotations
 
@@ -34,6 +36,7 @@ async def main(url: str, namespace: str, session_id: str, strategy: str, run_id:
                 session_id=session_id,
                 multitask_strategy=strategy,
                 interrupt_timeout=10.0,
+                on_queued=lambda queued: say(queued=queued.run_id),
             ) as run:
                 before = run.interrupted
                 say(
@@ -53,6 +56,8 @@ async def main(url: str, namespace: str, session_id: str, strategy: str, run_id:
                     raise
         except SessionBusy as busy:
             say(busy=busy.active_run_id)
+        except RunCancelled as stop:  # from the scope's entry: cancelled while it was queued
+            say(never_started=stop.request.cause.value if stop.request else None)
 
 
 if __name__ == "__main__":

@@ -483,10 +483,10 @@ async def test_an_immediate_cancel_that_beats_the_registration_still_interrupts(
     a, b = await make_bus(), await make_bus()
     register = a._node.calls.start_run
 
-    async def cancelled_in_between(run_id: str, *args: Any) -> Any:
+    async def cancelled_in_between(run_id: str, *args: Any, **kwargs: Any) -> Any:
         """The run is recorded, then the cancel's message reaches the owner before the
         registration's answer does."""
-        answer = await register(run_id, *args)
+        answer = await register(run_id, *args, **kwargs)
         await b.cancel(run_id, mode="immediate", wait=False)
         await eventually(lambda: _remembered(a, run_id))
         return answer

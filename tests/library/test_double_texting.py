@@ -150,6 +150,126 @@ async def test_two_follow_ups_racing_end_with_one_active_run_and_true_answers(
         assert run.requested_by in started  # interrupted by a run that started
 
 
+async def test_follow_ups_enqueued_on_other_nodes_run_one_at_a_time_in_arrival_order(
+    start: Start, make_bus: BusFactory
+) -> None:
+    """Two follow-ups, each on a node of its own, wait queued (visible, in order) while the
+    session's run goes on; each starts, on the node that asked, when the one before it ends."""
+    ops = await make_bus()
+    first = await start("reject", "first")
+    assert (await first.step())["started"] == "first"
+    queued = await _queue(start, "b", "c")
+    for name in ("b", "c"):
+        run = await ops.get_run(name)
+        assert run is not None and run.status is RunStatus.QUEUED and run.started_at is None
+    await _ticked(ops, "first")  # the session's run was left alone
+    assert (await ops.session_run(APP, USER, session_of(start))).run_id == "first"  # type: ignore[union-attr]
+
+    await ops.cancel("first", timeout=WAIT)
+    assert await first.step() == {"cancelled": "user"}
+    assert (await queued["b"].step())["started"] == "b"
+    c = await ops.get_run("c")
+    assert c is not None and c.status is RunStatus.QUEUED  # still behind b
+    await ops.cancel("b", timeout=WAIT)
+    assert (await queued["c"].step())["started"] == "c"
+    runs = {name: await ops.get_run(name) for name in ("first", "b", "c")}
+    b, c = runs["b"], runs["c"]
+    assert b is not None and c is not None and c.started_at is not None
+    assert b.finished_at is not None and b.finished_at <= c.started_at  # one at a time
+    assert b.owner != c.owner  # each on the node that asked
+    await ops.cancel("c", timeout=WAIT)
+
+
+async def test_follow_ups_enqueued_at_once_start_in_the_order_redis_received_them(
+    start: Start, make_bus: BusFactory
+) -> None:
+    ops = await make_bus()
+    first = await start("reject", "first")
+    assert (await first.step())["started"] == "first"
+    racers = {name: await start("enqueue", name) for name in ("b", "c")}  # asked at once
+    for name, runner in racers.items():
+        assert await runner.step() == {"queued": name}
+    records = {name: await ops.get_run(name) for name in racers}
+    order = sorted(racers, key=lambda name: records[name].created_at)  # type: ignore[union-attr]
+    await ops.cancel("first", timeout=WAIT)
+    assert (await racers[order[0]].step())["started"] == order[0]
+    later = await ops.get_run(order[1])
+    assert later is not None and later.status is RunStatus.QUEUED
+    await ops.cancel(order[0], timeout=WAIT)
+    assert (await racers[order[1]].step())["started"] == order[1]
+    await ops.cancel(order[1], timeout=WAIT)
+
+
+async def test_a_session_cancel_stops_the_active_run_and_the_queued_ones(
+    start: Start, make_bus: BusFactory
+) -> None:
+    ops = await make_bus()
+    first = await start("reject", "first")
+    assert (await first.step())["started"] == "first"
+    queued = await _queue(start, "b", "c")
+    result = await ops.cancel_session(APP, USER, session_of(start), timeout=WAIT)
+    assert result.outcome.value == "cancelled" and result.run is not None
+    assert result.run.run_id == "first"
+    assert {r.run.run_id: r.outcome.value for r in result.descendants if r.run} == {
+        "b": "cancelled",
+        "c": "cancelled",
+    }
+    assert await first.step() == {"cancelled": "user"}
+    for name in ("b", "c"):  # their callers were told: they never started
+        assert await queued[name].step() == {"never_started": "user"}
+        assert await queued[name].ended() == 0
+        run = await ops.get_run(name)
+        assert run is not None and run.status is RunStatus.CANCELLED and run.started_at is None
+    assert await ops.session_run(APP, USER, session_of(start)) is None
+
+
+async def test_a_queued_run_cancelled_or_lost_gives_its_turn_to_the_next(
+    start: Start, make_bus: BusFactory
+) -> None:
+    """A queued run cancelled by id, and one whose node dies while it waits, leave the queue;
+    the run behind them gets the turn."""
+    ops = await make_bus(lease_ttl=2.0)
+    first = await start("reject", "first")
+    assert (await first.step())["started"] == "first"
+    queued = await _queue(start, "b", "c", "d")
+    assert (await ops.cancel("b", timeout=WAIT)).outcome.value == "cancelled"
+    assert await queued["b"].step() == {"never_started": "user"}
+    queued["c"].process.kill()  # its node dies while c waits: reaped once its lease is out
+    await queued["c"].process.wait()
+    await ops.cancel("first", timeout=WAIT)
+    assert (await queued["d"].step())["started"] == "d"  # after c was resolved
+    c = await ops.get_run("c")
+    assert c is not None and c.status is RunStatus.FAILED and c.end_reason == "owner_lost"
+    assert c.started_at is None
+    await ops.cancel("d", timeout=WAIT)
+
+
+async def test_a_queued_wait_abandoned_withdraws_the_run(make_bus: BusFactory) -> None:
+    """The task waiting for its turn is cancelled (a client gone): the queued run is recorded
+    cancelled, and nothing of it starts later."""
+    owner, other = await make_bus(), await make_bus()
+    session = {"app_name": "a", "user_id": "u", "session_id": "s"}
+    queued = asyncio.Event()
+    async with owner.run("active", **session):
+
+        async def follow_up() -> None:
+            async with other.run(
+                "later", **session, multitask_strategy="enqueue", on_queued=lambda _: queued.set()
+            ):
+                raise AssertionError("it must never start")
+
+        task = asyncio.create_task(follow_up())
+        async with asyncio.timeout(WAIT):
+            await queued.wait()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        later = await owner.get_run("later")
+        assert later is not None and later.status is RunStatus.CANCELLED
+        assert later.cancel_cause is not None and later.cancel_cause.value == "client_disconnect"
+    assert await owner.session_run("a", "u", "s") is None  # the turn went to nobody
+
+
 async def test_a_strategy_needs_a_session_and_a_known_name(make_bus: BusFactory) -> None:
     bus: CancelBus = await make_bus()
     with pytest.raises(InvalidArgument, match="needs a session key"):
@@ -190,6 +310,16 @@ async def test_an_interrupt_that_outlasts_its_timeout_is_session_busy(
     await task
     final = await other.wait("old", timeout=WAIT)
     assert final is not None and final.status is RunStatus.CANCELLED
+
+
+async def _queue(start: Start, *names: str) -> dict[str, Runner]:
+    """Follow-ups with strategy ``enqueue``, each on a node of its own, one after the other
+    (each has said it is queued before the next asks): their arrival order is ``names``."""
+    queued = {}
+    for name in names:
+        queued[name] = await start("enqueue", name)
+        assert await queued[name].step() == {"queued": name}
+    return queued
 
 
 async def _ticked(bus: CancelBus, run_id: str) -> None:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 import uuid
 from collections.abc import Iterator
@@ -14,6 +15,7 @@ from node.embedded import EmbeddedServer
 
 from ..helpers import WAIT
 from ..node_cluster import Cluster, NodeProcess
+from .test_cli import cli
 
 LONG = {"tokens": 100_000, "token_interval_ms": 10}
 
@@ -65,6 +67,9 @@ def test_a_follow_up_on_another_node_interrupts_the_active_run(
     assert ended["status"] == "cancelled" and ended["end_reason"] == reason
     assert ended["cancel_cause"] == strategy and ended["requested_by"] == second["run_id"]
     assert _run(nodes[0], second["run_id"])["status"] == "running"
+    shown = cli("run", first["run_id"], "--url", nodes[0].url)  # the CLI names its successor
+    assert shown.returncode == 0, shown.stderr
+    assert re.search(rf"replaced by\s+{second['run_id']}", shown.stdout), shown.stdout
 
 
 def test_reject_is_a_409_and_leaves_the_run_alone(nodes: list[NodeProcess]) -> None:
@@ -75,6 +80,42 @@ def test_reject_is_a_409_and_leaves_the_run_alone(nodes: list[NodeProcess]) -> N
     assert status == 409 and first["run_id"] in answer["detail"], answer
     run = _run(nodes[1], first["run_id"])
     assert run["status"] == "running" and run["cancel_requested_at"] is None
+
+
+def test_follow_ups_enqueued_on_both_nodes_start_in_turn_and_a_session_cancel_stops_all(
+    nodes: list[NodeProcess],
+) -> None:
+    session = uuid.uuid4().hex
+    status, first = _start(nodes[0], session)
+    assert status == 201, first
+    queued = []
+    for node in (nodes[1], nodes[0]):  # one on each node, in this order
+        status, run = _start(node, session, multitask_strategy="enqueue")
+        assert status == 201 and run["status"] == "queued" and run["started_at"] is None, run
+        queued.append(run)
+    with nodes[1].client() as client:
+        answer = client.post(f"/v1/runs/{first['run_id']}/cancel", json={"timeout": WAIT})
+    assert answer.status_code == 200 and answer.json()["outcome"] == "cancelled", answer.text
+    second = _started(nodes[0], queued[0]["run_id"])
+    assert second["owner"] == queued[0]["owner"]  # on the node that asked
+    assert _run(nodes[0], queued[1]["run_id"])["status"] == "queued"  # still behind it
+    with nodes[0].client() as client:
+        answer = client.post(f"/v1/sessions/chat/u1/{session}/cancel", json={"timeout": WAIT})
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["outcome"] == "cancelled"
+    for run in queued:
+        ended = _ended(nodes[1], run["run_id"])
+        assert ended["status"] == "cancelled", ended
+    assert _run(nodes[1], queued[1]["run_id"])["started_at"] is None  # it never started
+
+
+def _started(node: NodeProcess, run_id: str) -> dict[str, Any]:
+    deadline = time.monotonic() + WAIT
+    while (run := _run(node, run_id))["status"] == "queued":
+        assert time.monotonic() < deadline, run
+        time.sleep(0.02)
+    assert run["status"] == "running", run
+    return run
 
 
 def test_an_unknown_strategy_is_a_422(nodes: list[NodeProcess]) -> None:
