@@ -20,7 +20,7 @@ import logging
 from ._calls import ScriptCalls
 from ._chunks import ChunkedQueue, Settling
 from ._duties import Spawn
-from ._errors import CancelBusError, RunExists
+from ._errors import BusUnavailable, CancelBusError, RunExists
 from ._messages import SESSION_TARGET_PREFIX, run_target, session_target
 from ._ports import Deferred, Delivery, Identified, Updates
 from ._protocol import CancelOrder, Code, Finish, Finished
@@ -179,6 +179,14 @@ class LocalRuns:
         finally:
             self.starting -= 1
             self._claiming.discard(spec.run_id)
+        if self._lease.identity != me or not self._lease.fresh:
+            # the answer outlived the lease it was given under: another node may resolve the
+            # run (or has) while its code would run here
+            raise BusUnavailable(
+                f"node {me.node_id} may have lost its lease while the start of run "
+                f"{spec.run_id} was on its way (no renewal acknowledged in time): the run was "
+                "not started; its record is resolved as its node's"
+            )
         state = RunState(
             spec.run_id,
             fields,

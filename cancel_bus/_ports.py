@@ -49,6 +49,10 @@ class Identified(Protocol):
     def patience(self) -> float:
         """How long a call to Redis is waited for before it counts as silence."""
 
+    @property
+    def fresh(self) -> bool:
+        """Valid, and within the fence deadline of its last renewal."""
+
     def clock(self) -> float: ...
 
 

@@ -370,7 +370,7 @@ class NodeService:
                 handle = run
                 if not registered.done():
                     registered.set_result(run.info)
-                self.metrics.runs_started.labels(bus.namespace).inc()
+                self._started(bus, run)
                 try:
                     await run_agent(run, body.agent)
                 except (RunCancelled, asyncio.CancelledError):
@@ -390,6 +390,10 @@ class NodeService:
                 registered.set_exception(exc)
         if handle is not None:
             await self._observe_end(bus, handle.run_id)
+
+    def _started(self, bus: CancelBus, run: RunHandle) -> None:
+        """A run of this service entered its scope (its agent starts now): counted."""
+        self.metrics.runs_started.labels(bus.namespace).inc()
 
     async def _observe_end(self, bus: CancelBus, run_id: str) -> None:
         """Count the run's end as Redis recorded it (status, end reason, duration)."""

@@ -9,13 +9,14 @@ import json
 import os
 import sys
 import time
+from contextvars import ContextVar
 from typing import Any
 
 from fastapi.responses import JSONResponse
 
 import node.app
 import node.service
-from cancel_bus import RunCancelled, RunHandle
+from cancel_bus import CancelBus, RunCancelled, RunHandle, RunInfo
 from node.cli import main
 from node.schemas import AgentSpec, StartRun
 
@@ -82,13 +83,20 @@ async def audited_agent(run: RunHandle, spec: AgentSpec) -> None:
     audit("code_end", run.run_id, how="returned")
 
 
+_STARTED: ContextVar[RunHandle | None] = ContextVar("started", default=None)  # in _execute's task
+
+
 class AuditedService(node.service.NodeService):
-    async def _execute(self, body: StartRun, registered: asyncio.Future[RunHandle]) -> None:
+    def _started(self, bus: CancelBus, run: RunHandle) -> None:
+        super()._started(bus, run)
+        _STARTED.set(run)
+
+    async def _execute(self, body: StartRun, registered: asyncio.Future[RunInfo]) -> None:
         try:
             await super()._execute(body, registered)
         finally:
-            if registered.done() and not registered.cancelled() and not registered.exception():
-                handle = registered.result()
+            handle = _STARTED.get()
+            if handle is not None:
                 status = handle.final_status.value if handle.final_status else None
                 audit("final", handle.run_id, status=status)
 

@@ -9,6 +9,7 @@ import asyncio
 import threading
 import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
@@ -170,6 +171,38 @@ async def test_a_node_cut_off_alone_stops_its_runs_before_another_may_resolve_th
     result = await b.cancel(run.run_id, timeout=WAIT)  # true: its code had stopped
     assert result.outcome is Outcome.ALREADY_FINISHED
     proxy.heal()
+
+
+async def test_a_start_answered_after_the_node_fenced_itself_does_not_run_the_code(
+    make_bus: BusFactory, proxy: FaultProxy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The start is recorded, then the node is cut off before the answer reaches it; the answer
+    comes back after the node stopped its runs (its lease may have run out, and the others
+    resolve the run as its node's): the code never starts (the chaos suite's case: code that
+    ran for a run already recorded owner_lost)."""
+    a = await make_bus(url=proxy.url, lease_ttl=LEASE)
+    b = await make_bus(lease_ttl=LEASE)
+    register = a._node.calls.start_run
+
+    async def answered_late(*args: Any, **kwargs: Any) -> Any:
+        answer = await register(*args, **kwargs)
+        proxy.blackhole()
+        await eventually(lambda: _fenced(a), timeout=2 * LEASE)
+        proxy.heal()
+        return answer
+
+    monkeypatch.setattr(a._node.calls, "start_run", answered_late)
+    ran = False
+    with pytest.raises(BusUnavailable, match="may have lost its lease"):
+        async with a.run("late"):
+            ran = True
+    assert not ran
+    record = await eventually(lambda: _ended(b, "late"), timeout=3 * LEASE)
+    assert record.status is RunStatus.FAILED and record.started_at is not None
+
+
+async def _fenced(bus: CancelBus) -> bool:
+    return bus.stats.self_fences > 0
 
 
 async def _ended(bus: CancelBus, run_id: str) -> RunInfo | None:
