@@ -11,7 +11,15 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
-from cancel_bus import ID_PATTERN, MAX_ID_LENGTH, CancelBus, RunHandle, SessionBusy
+from cancel_bus import (
+    ID_PATTERN,
+    MAX_ID_LENGTH,
+    CancelBus,
+    InvalidArgument,
+    MultitaskStrategy,
+    RunHandle,
+    SessionBusy,
+)
 
 _ID_RE = re.compile(ID_PATTERN)
 
@@ -36,6 +44,15 @@ def bus_session(app_name: str, user_id: str, session_id: str) -> tuple[str, str,
     return (bus_id(app_name), bus_id(user_id), bus_id(session_id))
 
 
+def session_strategy(value: MultitaskStrategy | str) -> MultitaskStrategy:
+    """An adapter's ``multitask_strategy`` setting, checked (:class:`InvalidArgument`)."""
+    try:
+        return MultitaskStrategy(value)
+    except ValueError:
+        valid = ", ".join(s.value for s in MultitaskStrategy)
+        raise InvalidArgument(f"invalid multitask_strategy {value!r} (one of {valid})") from None
+
+
 async def enter_session_run(
     bus: CancelBus,
     session: tuple[str, str, str],
@@ -43,10 +60,13 @@ async def enter_session_run(
     busy_timeout: float,
     metadata: dict[str, Any],
     parent: str | None = None,
+    strategy: MultitaskStrategy = MultitaskStrategy.REJECT,
 ) -> tuple[AbstractAsyncContextManager[RunHandle], RunHandle]:
-    """Enter a bus run of ``session``: its scope (the caller exits it) and handle. A run of the
-    key that is stopping is waited for, up to ``busy_timeout``; one that is not raises
-    ``SessionBusy``."""
+    """Enter a bus run of ``session``: its scope (the caller exits it) and handle. What it does
+    to the key's active run is ``strategy`` (double texting: reject, enqueue, interrupt,
+    rollback, with ``busy_timeout`` as the interrupt's timeout); a rejected start waits for a
+    run of the key that is stopping, up to ``busy_timeout``, and raises ``SessionBusy`` for one
+    that is not."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + busy_timeout
     app_name, user_id, session_id = session
@@ -57,6 +77,8 @@ async def enter_session_run(
             session_id=session_id,
             metadata=metadata,
             parent=parent,
+            multitask_strategy=strategy,
+            interrupt_timeout=busy_timeout,
         )
         try:
             return scope, await scope.__aenter__()

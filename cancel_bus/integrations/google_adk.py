@@ -51,13 +51,21 @@ from cancel_bus import (
     CancelRequest,
     CancelResult,
     InvalidId,
+    MultitaskStrategy,
     Outcome,
     RunCancelled,
     RunHandle,
 )
 
 from ._held import HeldCancels
-from ._sessions import Turns, bus_session, enter_session_run, event_text, running_loop
+from ._sessions import (
+    Turns,
+    bus_session,
+    enter_session_run,
+    event_text,
+    running_loop,
+    session_strategy,
+)
 
 __all__ = [
     "SUPPORTED",
@@ -162,18 +170,27 @@ class _Installed:
     loop: asyncio.AbstractEventLoop
     busy_timeout: float
     held: HeldCancels
+    strategy: MultitaskStrategy
 
 
 _INSTALLED: list[_Installed] = []  # at most one: the wrapper is process-wide
 
 
-def install(bus: CancelBus, *, busy_timeout: float = 10.0) -> None:
+def install(
+    bus: CancelBus,
+    *,
+    busy_timeout: float = 10.0,
+    multitask_strategy: MultitaskStrategy | str = MultitaskStrategy.REJECT,
+) -> None:
     """Make every ``Runner.run_async`` on the running loop (the bus's) a bus run of its session.
 
-    ``busy_timeout``: how long a new invocation of a session waits for the session's stopping run
-    to end before ``SessionBusy`` (one active run per session in the cluster). Raises
-    ``RuntimeError`` if this ADK version changed ``Runner.run_async``'s parameters."""
+    ``multitask_strategy``: what a new invocation of a session does to the session's active run
+    on any node (double texting: ``reject`` — the default: ``SessionBusy`` —, ``enqueue``,
+    ``interrupt``, ``rollback``). ``busy_timeout``: how long a new invocation of a session waits
+    for the session's stopping run to end before ``SessionBusy`` (and an interrupt's timeout).
+    Raises ``RuntimeError`` if this ADK version changed ``Runner.run_async``'s parameters."""
     loop = running_loop("install")
+    strategy = session_strategy(multitask_strategy)
     with _INSTALL_LOCK:
         if _INSTALLED:
             raise RuntimeError("a bus is already installed for google-adk; uninstall() it first")
@@ -184,7 +201,7 @@ def install(bus: CancelBus, *, busy_timeout: float = 10.0) -> None:
                 f"cancel_bus.integrations.google_adk supports {SUPPORTED}; google-adk {version} "
                 f"changed Runner.run_async's parameters to {parameters}"
             )
-        _INSTALLED.append(_Installed(bus, loop, busy_timeout, HeldCancels(bus)))
+        _INSTALLED.append(_Installed(bus, loop, busy_timeout, HeldCancels(bus), strategy))
         Runner.run_async = _run_async  # type: ignore[method-assign]
 
 
@@ -229,6 +246,7 @@ async def _bus_run(
             busy_timeout=installed.busy_timeout,
             metadata=METADATA,
             parent=_CURRENT.get(),
+            strategy=installed.strategy,
         )
     )
     invocation = _Invocation(handle=handle, abort=asyncio.Event())

@@ -45,10 +45,17 @@ from trpc_agent_sdk.cancel import SessionKey, _cancel  # type: ignore[import-unt
 from trpc_agent_sdk.events import AgentCancelledEvent  # type: ignore[import-untyped]
 from trpc_agent_sdk.runners import Runner  # type: ignore[import-untyped]
 
-from cancel_bus import BusClosed, BusUnavailable, CancelBus, CancelRequest, Outcome
+from cancel_bus import (
+    BusClosed,
+    BusUnavailable,
+    CancelBus,
+    CancelRequest,
+    MultitaskStrategy,
+    Outcome,
+)
 
 from ._held import HeldCancels
-from ._sessions import bus_session, enter_session_run, running_loop
+from ._sessions import bus_session, enter_session_run, running_loop, session_strategy
 from ._trpc_run import LocalRun
 
 __all__ = [
@@ -147,9 +154,12 @@ _GROUP: ContextVar[RunGroup | None] = ContextVar("cancel_bus_trpc_group", defaul
 class _Node:
     """The runs of one bus (one event loop): session key -> its current local run."""
 
-    def __init__(self, bus: CancelBus, busy_timeout: float, start_grace: float) -> None:
+    def __init__(
+        self, bus: CancelBus, busy_timeout: float, start_grace: float, strategy: MultitaskStrategy
+    ) -> None:
         self.bus = bus
         self.busy_timeout = busy_timeout
+        self.strategy = strategy
         self.start_grace = start_grace
         self.held = HeldCancels(bus)
         self.runs: dict[Any, LocalRun] = {}
@@ -207,6 +217,7 @@ class _Node:
             bus_session(key.app_name, key.user_id, key.session_id),
             busy_timeout=self.busy_timeout,
             metadata={"integration": "trpc-agent"},
+            strategy=self.strategy,
         )
         run = LocalRun(key, scope, handle)
         self.runs[key] = run
@@ -373,15 +384,25 @@ class BusCancellationManager:
             return None
 
 
-def install(bus: CancelBus, *, busy_timeout: float = 10.0, start_grace: float = 1.0) -> None:
+def install(
+    bus: CancelBus,
+    *,
+    busy_timeout: float = 10.0,
+    start_grace: float = 1.0,
+    multitask_strategy: MultitaskStrategy | str = MultitaskStrategy.REJECT,
+) -> None:
     """Make trpc-agent's cancel API cluster-wide through ``bus`` on the running event loop.
 
-    Call it on the loop that runs the Runners, once the bus is started. ``busy_timeout``: how long
-    a new run of a session key waits for the key's stopping run to end before ``SessionBusy``.
+    Call it on the loop that runs the Runners, once the bus is started. ``multitask_strategy``:
+    what a new run of a session key does to the key's active run on any node (double texting:
+    ``reject`` — the default: ``SessionBusy`` —, ``enqueue``, ``interrupt``, ``rollback``; also
+    AG-UI's new run on a thread). ``busy_timeout``: how long a new run of a session key waits
+    for the key's stopping run to end before ``SessionBusy`` (and an interrupt's timeout).
     ``start_grace``: how long a ``cancel_run`` that finds no run of the key waits for one asked
     for before it to register (and then cancels it). Raises ``RuntimeError`` if this trpc-agent
     version moved the internals this relies on."""
     loop = running_loop("install")
+    strategy = session_strategy(multitask_strategy)
     with _INSTALL_LOCK:
         module = _checked_cancel_module()
         manager = module._manager
@@ -389,7 +410,7 @@ def install(bus: CancelBus, *, busy_timeout: float = 10.0, start_grace: float = 
             manager = BusCancellationManager(fallback=manager)
         if loop in manager._nodes:
             raise RuntimeError("a bus is already installed for trpc-agent on this event loop")
-        manager._nodes[loop] = _Node(bus, busy_timeout, start_grace)
+        manager._nodes[loop] = _Node(bus, busy_timeout, start_grace, strategy)
         module._manager = manager
         Runner.run_async = _run_async
 

@@ -156,8 +156,8 @@ def stock_and_third(stock: str, replica: str, url: str, namespace: str) -> Itera
     """Stock on one process (module ``stock``, a namespace of its own: it has no use for it),
     and a third replica (module ``replica``); started together (their imports overlap)."""
     spawned = [
-        Replica.spawn(stock, url, f"{namespace}-stock", 3.0),
-        Replica.spawn(replica, url, namespace, 3.0),
+        Replica.spawn(stock, url, f"{namespace}-stock", 3.0, {}),
+        Replica.spawn(replica, url, namespace, 3.0, {}),
     ]
     try:
         yield [Replica.ready(process, pipe) for process, pipe in spawned]

@@ -48,13 +48,19 @@ class Replica:
 
     @staticmethod
     def spawn(
-        app: str, redis_url: str, namespace: str, lease_ttl: float
+        app: str, redis_url: str, namespace: str, lease_ttl: float, env: dict[str, str]
     ) -> tuple[subprocess.Popen[bytes], IO[str]]:
-        """The process, and the pipe its ready line comes on."""
+        """The process (``env`` added to this one's environment), and the pipe its ready line
+        comes on."""
         read_fd, write_fd = os.pipe()
         command = [sys.executable, "-m", __name__, app, redis_url, namespace, str(lease_ttl)]
         try:
-            process = subprocess.Popen([*command, str(write_fd)], cwd=ROOT, pass_fds=[write_fd])
+            process = subprocess.Popen(
+                [*command, str(write_fd)],
+                cwd=ROOT,
+                pass_fds=[write_fd],
+                env={**os.environ, **env},
+            )
         finally:
             os.close(write_fd)
         return process, os.fdopen(read_fd)
@@ -90,10 +96,15 @@ class Replica:
 
 
 def start_replicas(
-    app: str, count: int, redis_url: str, namespace: str, lease_ttl: float = 3.0
+    app: str,
+    count: int,
+    redis_url: str,
+    namespace: str,
+    lease_ttl: float = 3.0,
+    env: dict[str, str] | None = None,
 ) -> list[Replica]:
     """Start ``count`` replicas of ``app`` at once (their imports overlap) and wait for each."""
-    spawned = [Replica.spawn(app, redis_url, namespace, lease_ttl) for _ in range(count)]
+    spawned = [Replica.spawn(app, redis_url, namespace, lease_ttl, env or {}) for _ in range(count)]
     replicas: list[Replica] = []
     try:
         for process, pipe in spawned:
@@ -107,10 +118,15 @@ def start_replicas(
 
 @contextlib.contextmanager
 def running(
-    app: str, count: int, redis_url: str, namespace: str, lease_ttl: float = 3.0
+    app: str,
+    count: int,
+    redis_url: str,
+    namespace: str,
+    lease_ttl: float = 3.0,
+    env: dict[str, str] | None = None,
 ) -> Iterator[list[Replica]]:
     """``count`` replicas of ``app`` for the block; stopped (SIGTERM) after it."""
-    replicas = start_replicas(app, count, redis_url, namespace, lease_ttl)
+    replicas = start_replicas(app, count, redis_url, namespace, lease_ttl, env)
     try:
         yield replicas
     finally:

@@ -17,6 +17,7 @@ from trpc_agent_sdk.cancel import SessionKey, _cancel
 from trpc_agent_sdk.configs import RunConfig
 from trpc_agent_sdk.types import Content, Part
 
+from cancel_bus import InvalidArgument
 from cancel_bus.integrations import trpc_agent
 
 from ..helpers import WAIT, eventually
@@ -114,6 +115,13 @@ async def test_install_checks_the_trpc_internals(
     monkeypatch.delattr(type(manager.fallback), "cleanup_run")
     with pytest.raises(RuntimeError, match=r"changed trpc_agent_sdk\.cancel\._cancel"):
         trpc_agent.install(node_b.bus)
+
+
+async def test_install_refuses_an_unknown_multitask_strategy(node_b: TrpcNode) -> None:
+    before = _cancel._manager
+    with pytest.raises(InvalidArgument, match="invalid multitask_strategy 'queue'"):
+        trpc_agent.install(node_b.bus, multitask_strategy="queue")
+    assert _cancel._manager is before  # nothing installed
 
 
 async def test_a_run_whose_stream_is_abandoned_ends(node_b: TrpcNode) -> None:

@@ -16,10 +16,13 @@ from trpc_agent_sdk.cancel._session_utils import _CANCELING_SUFFIX
 from cancel_bus import CancelBus, Outcome, RunInfo, RunStatus, StopCause
 from cancel_bus.integrations._held import HeldCancels
 from cancel_bus.integrations.trpc_agent import bus_session
+from node.embedded import EmbeddedServer
 
 from ..helpers import WAIT, eventually
-from .replica import Replica
+from .conftest import TRPC_REPLICA
+from .replica import Replica, running
 from .tree_support import children
+from .trpc_replica import STRATEGY_ENV
 from .trpc_support import APP, BOSS, GATED
 
 WHERE = ["owner", "other"]
@@ -51,10 +54,12 @@ class TrpcRuns:
         response.raise_for_status()
         return response.json()
 
-    async def start(self, session: str, command: str, app: str = APP) -> None:
-        """Start a run on A; returns once ``run_async`` was called."""
+    async def start(
+        self, session: str, command: str, app: str = APP, replica: Replica | None = None
+    ) -> None:
+        """Start a run on A (or ``replica``); returns once ``run_async`` was called."""
         body = {"app": app, "user": self.user, "session": session, "command": command}
-        await self.post(self.a, "/trpc/runs", body)
+        await self.post(replica or self.a, "/trpc/runs", body)
 
     async def streaming(self, session: str) -> None:
         await self.post(self.a, f"/trpc/runs/{self.user}/{session}/streaming")
@@ -89,6 +94,47 @@ async def record(ops: CancelBus, runs: TrpcRuns, session: str, app: str = APP) -
     """The bus record of the session's (last) run."""
     records = await ops.list_runs(status="all", app_name=app, user_id=runs.user)
     return next(run for run in records if run.session_id == session)
+
+
+@pytest.mark.parametrize("strategy", ["enqueue", "interrupt"])
+async def test_a_second_run_of_a_session_on_another_replica_follows_the_install_strategy(
+    http: httpx.AsyncClient,
+    redis_server: EmbeddedServer,
+    replica_namespace: str,
+    ops: CancelBus,
+    strategy: str,
+) -> None:
+    """``install(bus, multitask_strategy=...)``: ``Runner.run_async`` of a session whose run is
+    active on replica A, called on replica B, waits queued behind it (``enqueue``) or stops it
+    (``interrupt``), then runs on B."""
+    env = {STRATEGY_ENV: strategy}
+    with running(TRPC_REPLICA, 2, redis_server.url, replica_namespace, env=env) as replicas:
+        runs = TrpcRuns(http, replicas)
+        session = runs.session("texting")
+        await runs.start(session, "stream")
+        await runs.streaming(session)
+        await runs.start(session, "stream", replica=runs.b)
+
+        async def on(owner: str, *statuses: RunStatus) -> RunInfo | None:
+            found = await ops.list_runs(status="all", app_name=APP, user_id=runs.user)
+            return next((r for r in found if r.owner == owner and r.status in statuses), None)
+
+        if strategy == "enqueue":  # queued on B while A's run goes on, then its turn
+            queued = await eventually(lambda: on(runs.b.node_id, RunStatus.QUEUED))
+            first = await on(runs.a.node_id, RunStatus.RUNNING)
+            assert first is not None and queued.session_id == session
+            assert (await ops.cancel(first.run_id, timeout=WAIT)).outcome is Outcome.CANCELLED
+        second = await eventually(lambda: on(runs.b.node_id, RunStatus.RUNNING))
+        result = await runs.result(session)  # A's run, stopped at a checkpoint
+        assert result["cancelled"] and result["error"] is None
+        ended = await on(runs.a.node_id, RunStatus.CANCELLED)
+        assert ended is not None and ended.session_id == second.session_id == session
+        if strategy == "interrupt":
+            assert ended.cancel_cause is StopCause.INTERRUPT
+            assert (ended.end_reason, ended.requested_by) == ("interrupted", second.run_id)
+        stop = await ops.cancel_session(*bus_session(APP, runs.user, session), timeout=WAIT)
+        assert stop.outcome is Outcome.CANCELLED and stop.run is not None
+        assert stop.run.run_id == second.run_id
 
 
 @pytest.mark.parametrize("where", WHERE)

@@ -7,6 +7,7 @@ installed), and control routes the tests drive it with."""
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -36,6 +37,8 @@ from .a2a_reads import read_routes
 from .a2a_support import CANCEL_TIMEOUT, CountingBusTaskStore, card, client, message
 from .replica_routes import bus_routes, gate_routes
 from .trpc_support import APP, BOSS, GatedSessionService, StreamingAgent, boss
+
+STRATEGY_ENV = "CANCEL_BUS_TEST_STRATEGY"  # the install's multitask_strategy (default reject)
 
 
 @dataclass
@@ -201,7 +204,7 @@ def add_agui(app: FastAPI, agent: StreamingAgent, session_service: Any) -> None:
 
 @asynccontextmanager
 async def serve(bus: CancelBus, url: str) -> AsyncIterator[FastAPI]:
-    trpc_agent.install(bus)
+    trpc_agent.install(bus, multitask_strategy=os.environ.get(STRATEGY_ENV, "reject"))
     agent = StreamingAgent(name="streamer")
     sessions = GatedSessionService(agent)
     runner = Runner(app_name=APP, agent=agent, session_service=sessions)
