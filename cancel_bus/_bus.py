@@ -165,6 +165,12 @@ class CancelBus:
         """Register this node, subscribe to its channel and start its background work."""
         await self._node.start()
 
+    def begin_drain(self) -> None:
+        """Refuse new runs from now on (:class:`BusClosed`), and tell the cluster: the node's
+        record says ``draining`` from its next heartbeat (``list_nodes``). Its runs go on;
+        :meth:`close` ends them (and begins the drain itself if it has not begun)."""
+        self._node.begin_drain()
+
     async def close(self, drain_timeout: float = 0.0, cancel_timeout: float = 5.0) -> None:
         """Leave the cluster: refuse new runs, give local runs ``drain_timeout`` to end, cancel the
         rest (reason ``node_shutdown``), write what is pending, release the lease."""

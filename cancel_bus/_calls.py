@@ -109,9 +109,11 @@ class ScriptCalls:
         lease_ttl: float,
         step: float,
         probe: tuple[float, float] | None = None,
+        draining: bool = False,
     ) -> tuple[Code, float, int]:
         """-> (ok | fenced | missing, server time, runs recorded for the node). ``step``: the
-        most this beat advances the lease clock (the node's patience). ``probe``: when
+        most this beat advances the lease clock (the node's patience); ``draining``: the node
+        says it takes no new runs. ``probe``: when
         its last probe of its own channel came back (server clock), and how long it took (s)."""
         probe_at, probe_s = ("", "") if probe is None else (f"{probe[0]:.6f}", f"{probe[1]:.6f}")
         answer = await self._call(
@@ -120,6 +122,7 @@ class ScriptCalls:
             {
                 "node_id": node_id, "epoch": epoch, "lease_ms": _ms(lease_ttl),
                 "step_ms": _ms(step), "probe_at": probe_at, "probe_s": probe_s,
+                "draining": draining,
             },
         )  # fmt: skip
         return Code(answer["code"]), float(answer["now"]), int(answer.get("runs", 0))

@@ -81,6 +81,7 @@ class Lease:
         self.offset = 0.0
         self.valid = False  # Redis has not said this incarnation's lease is gone
         self.self_fenced = False  # runs stopped: the lease may have run out unrenewed
+        self.draining = False  # said with each heartbeat: the node takes no new runs
         self._last_renewed = 0.0  # monotonic send time of the last heartbeat that answered
         self._reaping = Trouble("reaping expired nodes")
         self._fence: asyncio.TimerHandle | None = None
@@ -184,7 +185,7 @@ class Lease:
         try:
             async with asyncio.timeout(self.patience):
                 code, server_now, recorded = await self._calls.heartbeat(
-                    me.node_id, me.epoch, self.lease_ttl, self.patience, probe
+                    me.node_id, me.epoch, self.lease_ttl, self.patience, probe, self.draining
                 )
         except (CancelBusError, TimeoutError) as exc:  # unavailable, refused, or a defect
             left = self.fence_after - silent

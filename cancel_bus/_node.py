@@ -199,6 +199,12 @@ class Node:
             self.duties.add(duty)
         log.info("cancel-bus: node %s joined namespace %s", self.lease.node_id, self.keys.namespace)
 
+    def begin_drain(self) -> None:
+        """Refuse new runs from now on; the node's record says so from its next heartbeat."""
+        if self.lifecycle.phase == "running":
+            self.lifecycle.phase = "draining"
+        self.lease.draining = True
+
     async def close(self, drain_timeout: float, cancel_timeout: float) -> None:
         """Refuse new runs, give local runs ``drain_timeout`` to end, cancel the rest, write what
         is pending, release the lease, stop the duties and the clients."""
@@ -207,7 +213,7 @@ class Node:
             await self.duties.stop()
             await self._close_clients()
             return
-        self.lifecycle.phase = "draining"
+        self.begin_drain()
         if drain_timeout > 0:
             await self.local.wait_empty(drain_timeout)
         await self.local.drain(cancel_timeout)

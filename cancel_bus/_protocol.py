@@ -92,6 +92,7 @@ class NodeField(StrEnum):
     VERSION = "version"
     PROBE_AT = "probe_at"
     PROBE_S = "probe_s"
+    DRAINING = "draining"  # "1" once the node drains (it takes no new runs)
     DIED_AT = "died_at"
     LEFT_AT = "left_at"
 

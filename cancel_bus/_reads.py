@@ -152,6 +152,7 @@ class Reads:
                     expired=expires <= lease_now or fields.get(NodeField.STATE) != NodeState.ALIVE,
                     probe_at=_float_or_none(fields.get(NodeField.PROBE_AT)),
                     probe_latency_ms=_ms_or_none(fields.get(NodeField.PROBE_S)),
+                    draining=fields.get(NodeField.DRAINING) == "1",
                 )
             )
         return nodes

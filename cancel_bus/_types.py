@@ -262,6 +262,7 @@ class NodeInfo(BaseModel):
     expired: bool = False
     probe_at: float | None = None  # when its last probe of its own channel came back
     probe_latency_ms: float | None = None  # how long that probe took through Redis
+    draining: bool = False  # it drains: it takes no new runs, and leaves when its runs end
 
 
 class RunEvent(BaseModel):

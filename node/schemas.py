@@ -279,8 +279,9 @@ NodeState = Literal["alive", "late", "expired", "draining"]
 class NodeView(NodeInfo):
     """A node and the state of its lease, read on the server clock: ``late`` when its last
     heartbeat is older than half a lease (one was missed: it may be dying), ``expired`` once
-    its lease ran out (its runs are about to be resolved ``owner_lost``); ``draining``: the
-    node answering is itself draining (it says so of itself only: its lease does not tell)."""
+    its lease ran out (its runs are about to be resolved ``owner_lost``); ``draining``: it
+    takes no new runs and leaves once its runs end (its record says so from its first
+    heartbeat after the drain began; the node answering says so of itself at once)."""
 
     state: NodeState
     heartbeat_age: float = Field(description="seconds since its last heartbeat")
@@ -295,6 +296,8 @@ class NodeView(NodeInfo):
         state: NodeState = "alive"
         if node.expired or lease_left <= 0:
             state = "expired"
+        elif node.draining:
+            state = "draining"
         elif heartbeat_age > lease / 2:
             state = "late"
         return cls(

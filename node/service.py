@@ -129,6 +129,8 @@ class NodeService:
         if self._buses:
             self.drain_deadline = self.bus.clock() + (timeout if runs else 0.0)
         self.drain_started.set()
+        for bus in self.buses:
+            bus.begin_drain()  # the other nodes see it draining too
         if runs and timeout > 0:
             until = time.strftime("%H:%M:%S", time.localtime(time.time() + timeout))
             log.warning(

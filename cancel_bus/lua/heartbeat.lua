@@ -1,7 +1,7 @@
 #!lua flags=allow-oom
 -- KEYS[1] the node's hash
 -- A: node_id, epoch, lease_ms, step_ms (the most this beat advances the lease clock: the
---    caller's patience, two of its beats), probe_at, probe_s (when its last probe of its own channel came
+--    caller's patience, two of its beats), draining (the node takes no new runs), probe_at, probe_s (when its last probe of its own channel came
 --    back, and how long it took; '': none yet)
 -- -> {code = ok | fenced | missing (Redis forgot the node: re-register and re-assert), now,
 --    runs (the runs recorded for the node, when ok)}
@@ -12,6 +12,7 @@ if not node_alive(A.node_id, A.epoch) then return {code = C.FENCED, now = NOW} e
 redis.call('ZADD', nodes, fmt(lease_now() + A.lease_ms / 1000), A.node_id)
 redis.call('HSET', node_key, N.LAST_HEARTBEAT, NOW,
   N.LEASE_EXPIRES_AT, fmt(NOW_S + A.lease_ms / 1000))
+if A.draining then redis.call('HSET', node_key, N.DRAINING, '1') end
 if A.probe_at ~= '' then
   redis.call('HSET', node_key, N.PROBE_AT, A.probe_at, N.PROBE_S, A.probe_s)
 end

@@ -84,6 +84,10 @@ def test_a_draining_node_says_so_in_its_nodes_and_its_feed(
         states = _node_states(leaving)
         assert states[leaving.name] == "draining"
         assert states[observer.nodes[0].name] == "alive"
+        deadline = time.monotonic() + 5  # the others see it too, from its next heartbeat
+        while _node_states(observer.nodes[0])[leaving.name] != "draining":
+            assert time.monotonic() < deadline, _node_states(observer.nodes[0])
+            time.sleep(0.05)
         with leaving.client(timeout=15) as client:
             with client.stream("GET", "/v1/dashboard/feed") as again:  # opened while it drains
                 assert [name for name, _ in _events(again)] == ["snapshot", "node.draining"]
