@@ -192,20 +192,25 @@ def status_filter(value: RunStatus | str) -> StatusFilter:
         raise InvalidArgument(f"invalid status {value!r}") from None
 
 
+def strategy(value: MultitaskStrategy | str) -> MultitaskStrategy:
+    """A strategy for a busy session, by name (an adapter's setting, or a run's)."""
+    try:
+        return MultitaskStrategy(value)
+    except ValueError:
+        valid = ", ".join(s.value for s in MultitaskStrategy)
+        raise InvalidArgument(f"invalid multitask_strategy {value!r} (one of {valid})") from None
+
+
 def multitask(
     value: MultitaskStrategy | str, session: tuple[str, str, str] | None
 ) -> MultitaskStrategy:
     """A run's strategy for a busy session: any but ``reject`` needs a session key."""
-    try:
-        strategy = MultitaskStrategy(value)
-    except ValueError:
-        valid = ", ".join(s.value for s in MultitaskStrategy)
-        raise InvalidArgument(f"invalid multitask_strategy {value!r} (one of {valid})") from None
+    chosen = strategy(value)
     require(
-        strategy is MultitaskStrategy.REJECT or session is not None,
-        f"multitask_strategy {strategy.value!r} needs a session key",
+        chosen is MultitaskStrategy.REJECT or session is not None,
+        f"multitask_strategy {chosen.value!r} needs a session key",
     )
-    return strategy
+    return chosen
 
 
 def optional_id(value: str | None, what: str) -> str | None:

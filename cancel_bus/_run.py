@@ -333,10 +333,8 @@ class RunScope:
             try:
                 handle = await self._owner.start_run(spec)
             except Queued as waiting:
-                if not queued and spec.on_queued is not None:
-                    spec.on_queued(RunInfo.from_redis(waiting.record))
-                queued = True
-                await self._wait_turn(waiting.active_run_id)
+                told, queued = queued, True
+                await self._wait_turn(waiting, tell=not told)
                 continue
             except SessionBusy as busy:
                 left = deadline - loop.time()
@@ -354,12 +352,15 @@ class RunScope:
             handle._interrupted = interrupted
             return handle
 
-    async def _wait_turn(self, holder: str) -> None:
-        """Wait in the session's queue for ``holder`` to end; a queued run that stops waiting
-        (its task cancelled, Redis away, the bus closing) is withdrawn from the queue."""
+    async def _wait_turn(self, waiting: Queued, tell: bool) -> None:
+        """Wait in the session's queue for its active run to end (first, with ``tell``, the
+        spec's ``on_queued`` hears of it); a queued run that stops waiting (its task cancelled,
+        Redis away, the bus closing, ``on_queued`` raising) is withdrawn from the queue."""
         assert self._interrupter is not None
         try:
-            await self._interrupter.await_turn(self._spec.run_id, holder)
+            if tell and self._spec.on_queued is not None:
+                self._spec.on_queued(RunInfo.from_redis(waiting.record))
+            await self._interrupter.await_turn(self._spec.run_id, waiting.active_run_id)
         except BaseException:
             await self._withdraw()
             raise

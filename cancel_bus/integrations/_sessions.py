@@ -15,7 +15,6 @@ from cancel_bus import (
     ID_PATTERN,
     MAX_ID_LENGTH,
     CancelBus,
-    InvalidArgument,
     MultitaskStrategy,
     RunHandle,
     SessionBusy,
@@ -42,15 +41,6 @@ def bus_id(value: str) -> str:
 def bus_session(app_name: str, user_id: str, session_id: str) -> tuple[str, str, str]:
     """The bus session key of a framework's session (each part through :func:`bus_id`)."""
     return (bus_id(app_name), bus_id(user_id), bus_id(session_id))
-
-
-def session_strategy(value: MultitaskStrategy | str) -> MultitaskStrategy:
-    """An adapter's ``multitask_strategy`` setting, checked (:class:`InvalidArgument`)."""
-    try:
-        return MultitaskStrategy(value)
-    except ValueError:
-        valid = ", ".join(s.value for s in MultitaskStrategy)
-        raise InvalidArgument(f"invalid multitask_strategy {value!r} (one of {valid})") from None
 
 
 async def enter_session_run(

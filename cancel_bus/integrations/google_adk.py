@@ -57,6 +57,7 @@ from cancel_bus import (
     RunHandle,
 )
 
+from .. import _checks as check
 from ._held import HeldCancels
 from ._sessions import (
     Turns,
@@ -64,7 +65,6 @@ from ._sessions import (
     enter_session_run,
     event_text,
     running_loop,
-    session_strategy,
 )
 
 __all__ = [
@@ -190,7 +190,7 @@ def install(
     for the session's stopping run to end before ``SessionBusy`` (and an interrupt's timeout).
     Raises ``RuntimeError`` if this ADK version changed ``Runner.run_async``'s parameters."""
     loop = running_loop("install")
-    strategy = session_strategy(multitask_strategy)
+    strategy = check.strategy(multitask_strategy)
     with _INSTALL_LOCK:
         if _INSTALLED:
             raise RuntimeError("a bus is already installed for google-adk; uninstall() it first")

@@ -54,8 +54,9 @@ from cancel_bus import (
     Outcome,
 )
 
+from .. import _checks as check
 from ._held import HeldCancels
-from ._sessions import bus_session, enter_session_run, running_loop, session_strategy
+from ._sessions import bus_session, enter_session_run, running_loop
 from ._trpc_run import LocalRun
 
 __all__ = [
@@ -402,7 +403,7 @@ def install(
     for before it to register (and then cancels it). Raises ``RuntimeError`` if this trpc-agent
     version moved the internals this relies on."""
     loop = running_loop("install")
-    strategy = session_strategy(multitask_strategy)
+    strategy = check.strategy(multitask_strategy)
     with _INSTALL_LOCK:
         module = _checked_cancel_module()
         manager = module._manager

@@ -271,6 +271,24 @@ async def test_a_queued_wait_abandoned_withdraws_the_run(make_bus: BusFactory) -
     assert await owner.session_run("a", "u", "s") is None  # the turn went to nobody
 
 
+async def test_an_on_queued_that_raises_withdraws_the_run(make_bus: BusFactory) -> None:
+    owner, other = await make_bus(), await make_bus()
+    session = {"app_name": "a", "user_id": "u", "session_id": "s"}
+
+    def refuse(_: object) -> None:
+        raise LookupError("the caller's own bug")
+
+    async with owner.run("active", **session):
+        with pytest.raises(LookupError):
+            async with other.run(
+                "later", **session, multitask_strategy="enqueue", on_queued=refuse
+            ):
+                raise AssertionError("it must never start")
+        later = await owner.get_run("later")
+        assert later is not None and later.status is RunStatus.CANCELLED
+    assert await owner.session_run("a", "u", "s") is None  # nobody holds the session
+
+
 async def test_a_strategy_needs_a_session_and_a_known_name(make_bus: BusFactory) -> None:
     bus: CancelBus = await make_bus()
     with pytest.raises(InvalidArgument, match="needs a session key"):
