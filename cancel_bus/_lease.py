@@ -107,6 +107,11 @@ class Lease:
         return min(self.self_fence_after, self.lease_ttl * (1 - FENCE_MARGIN))
 
     @property
+    def may_run(self) -> bool:
+        """Redis has not said the lease is gone, and the fence has not stopped the runs."""
+        return self.valid and not self.self_fenced
+
+    @property
     def fresh(self) -> bool:
         """Valid, and within the fence deadline of its last renewal: what readiness asks."""
         return self.valid and time.monotonic() - self._last_renewed < self.fence_after

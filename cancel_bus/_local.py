@@ -179,13 +179,14 @@ class LocalRuns:
         finally:
             self.starting -= 1
             self._claiming.discard(spec.run_id)
-        if self._lease.identity != me or not self._lease.fresh:
-            # the answer outlived the lease it was given under: another node may resolve the
-            # run (or has) while its code would run here
+        if self._lease.identity != me or not self._lease.may_run:
+            # the answer outlived the lease it was given under (the fence stopped the runs, or
+            # Redis said the lease is gone): another node may resolve the run (or has) while
+            # its code would run here. A fence merely due stops it with the others.
             raise BusUnavailable(
                 f"node {me.node_id} may have lost its lease while the start of run "
-                f"{spec.run_id} was on its way (no renewal acknowledged in time): the run was "
-                "not started; its record is resolved as its node's"
+                f"{spec.run_id} was on its way (it stopped its runs): the run was not started; "
+                "its record is resolved as its node's"
             )
         state = RunState(
             spec.run_id,

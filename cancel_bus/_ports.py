@@ -50,8 +50,9 @@ class Identified(Protocol):
         """How long a call to Redis is waited for before it counts as silence."""
 
     @property
-    def fresh(self) -> bool:
-        """Valid, and within the fence deadline of its last renewal."""
+    def may_run(self) -> bool:
+        """Redis has not said the lease is gone, and the node has not stopped its runs for
+        want of a renewal (its fence)."""
 
     def clock(self) -> float: ...
 
