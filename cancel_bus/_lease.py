@@ -143,6 +143,7 @@ class Lease:
                 ) from None
             if code is Code.OK:
                 self.identity, self.valid = Identity(node_id, epoch), True
+                self.self_fenced = False  # a lease just taken: its runs may run
                 self._renewed(sent, local_sent, server_now)
                 return
             if code is Code.FENCED:
