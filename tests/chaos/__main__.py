@@ -2,6 +2,7 @@
 
     python -m tests.chaos --bounded --seed 20261202                # what CI runs (its cells)
     python -m tests.chaos --matrix --seed 20261204                 # every cell, bounded size
+    python -m tests.chaos --matrix --cell proxied-signing --seed 1  # one cell of it
     python -m tests.chaos --runs 2000 --rounds 5 --seed 20261203   # the long profile
 
 Exit status 1 if any violation; the logs of a run with violations are kept (the path is printed).
@@ -36,13 +37,14 @@ def main() -> int:
     parser.add_argument(
         "--matrix", action="store_true", help="every cell of the matrix, at the bounded size"
     )
+    parser.add_argument("--cell", action="append", help="with --matrix: only this cell (by name)")
     parser.add_argument("--json", type=Path, help="also write the report here")
     args = parser.parse_args()
     print(f"chaos seed {args.seed}", flush=True)
     summaries: dict[str, Any] = {}
     violations = 0
     if args.matrix:
-        cells: tuple[Cell, ...] = CELLS
+        cells: tuple[Cell, ...] = tuple(c for c in CELLS if c.name in (args.cell or [c.name]))
     elif args.bounded:
         cells = BOUNDED
     else:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter, defaultdict
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -61,6 +62,7 @@ class Report:
     worst_cancel_overshoot: float = 0.0
     duration: float = 0.0
     fault_log: list[str] = field(default_factory=list)  # as struck, with their real lengths
+    lags: list[str] = field(default_factory=list)  # when the harness's or a node's loop ran late
 
     @property
     def violation_count(self) -> int:
@@ -87,12 +89,20 @@ class Report:
             "worst_cancel_overshoot_s": round(self.worst_cancel_overshoot, 3),
             "duration_s": round(self.duration, 1),
             "fault_log": self.fault_log,
+            "loop_lags": self.lags,
         }
 
 
 class Checker:
-    def __init__(self, cluster: Cluster, ops: list[Op], report: Report) -> None:
+    def __init__(
+        self,
+        cluster: Cluster,
+        ops: list[Op],
+        report: Report,
+        harness_lags: Sequence[tuple[float, float]] = (),
+    ) -> None:
         self.cluster = cluster
+        self.harness_lags = harness_lags  # (wall time it began, seconds late)
         self.ops = ops
         self.report = report
         self.keys = KeySpace(cluster.namespace)
@@ -274,6 +284,13 @@ class Checker:
                     )
                     break
 
+    def harness_late(self, op: Op) -> float:
+        """Seconds the harness's own loop ran late while ``op`` was under way: its timestamps
+        (and its requests' sending) were late by as much, whatever the node did."""
+        return sum(
+            late for at, late in self.harness_lags if op.started <= at + late and at <= op.ended
+        )
+
     def just_thawed(self, node: str, at: float) -> bool:
         """``at`` is in the first moments after a SIGSTOP of ``node`` ended: a frozen process
         cannot stop its code while frozen, and on waking the code's next step may come before
@@ -309,6 +326,8 @@ class Checker:
             if took > op.timeout + ANSWER_BOUND:
                 if frozen:
                     self.report.notes["late_answers_from_a_frozen_node"] += 1
+                elif self.harness_late(op) >= took - op.timeout - ANSWER_BOUND:
+                    self.report.notes["answers_timed_by_a_late_harness"] += 1
                 else:
                     self.fail(
                         "answer_in_time_and_consistent",

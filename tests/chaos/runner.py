@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import time
 import uuid
@@ -12,6 +13,7 @@ import httpx
 
 from .checker import Checker, Report
 from .harness import LEASE_TTL, SWEEP, Cluster
+from .lag import watch_lag
 from .workload import Profile, Workload
 
 MAX_RUN_SECONDS = 3 * (60 * 0.015 + 2 * 0.15)  # the longest run the workload makes
@@ -25,10 +27,16 @@ async def run_chaos(profile: Profile, workdir: Path) -> Report:
     cluster = Cluster(
         workdir, NODES, f"chaos-{uuid.uuid4().hex[:8]}", profile.topology, profile.settings
     )
+    harness_lags: list[tuple[float, float, str]] = []
+    watching = asyncio.create_task(
+        watch_lag(lambda at, late: harness_lags.append((at, late, "harness")))
+    )
     try:
         await cluster.start()
         workload = Workload(cluster, profile)
         await workload.run()
+        watching.cancel()
+        report.lags = _lags(cluster, harness_lags)
         report.faults.update(cluster.faults)
         if cluster.group is not None:  # a stall of the primary must not have become a failover
             made = await asyncio.to_thread(cluster.group.failovers)
@@ -41,7 +49,9 @@ async def run_chaos(profile: Profile, workdir: Path) -> Report:
         async with cluster.admin() as redis:
             quiet_after = await _quiescence(redis, cluster.namespace)
             report.quiet_after_faults = quiet_after
-            checker = Checker(cluster, workload.ops, report)
+            checker = Checker(
+                cluster, workload.ops, report, [(at, late) for at, late, _ in harness_lags]
+            )
             if quiet_after > QUIET_DEADLINE:
                 checker.fail(
                     "no_orphan_after_faults",
@@ -63,9 +73,21 @@ async def run_chaos(profile: Profile, workdir: Path) -> Report:
             if report.violation_count:
                 await asyncio.to_thread(checker.dump, workdir / "history.json")
     finally:
+        watching.cancel()
         await cluster.stop()
     report.duration = time.monotonic() - began
     return report
+
+
+def _lags(cluster: Cluster, lags: list[tuple[float, float, str]]) -> list[str]:
+    """Every time the harness's or a node's loop ran late, in order, timed from the first
+    fault (as the fault log is)."""
+    for path in cluster.audit_dir.glob("*.lag"):
+        for line in path.read_text().splitlines():
+            entry = json.loads(line)
+            lags.append((entry["at"], entry["late"], entry["node"]))
+    origin = cluster.fault_log[0].at if cluster.fault_log else 0.0
+    return [f"{at - origin:+7.2f}s {who} {late:.2f}s late" for at, late, who in sorted(lags)]
 
 
 async def _quiescence(redis: object, namespace: str, poll: float = 0.1) -> float:

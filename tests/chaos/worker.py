@@ -20,7 +20,10 @@ from cancel_bus import CancelBus, RunCancelled, RunHandle, RunInfo
 from node.cli import main
 from node.schemas import AgentSpec, StartRun
 
+from .lag import watch_lag
+
 AUDIT = open(os.environ["CHAOS_AUDIT_LOG"], "a", buffering=1)  # noqa: SIM115 (process-long)
+LAGS = open(os.environ["CHAOS_AUDIT_LOG"].removesuffix(".jsonl") + ".lag", "a", buffering=1)  # noqa: SIM115
 NODE = os.environ.get("CANCEL_BUS_NODE_ID", "?")
 run_agent = node.service.run_agent
 
@@ -86,7 +89,19 @@ async def audited_agent(run: RunHandle, spec: AgentSpec) -> None:
 _STARTED: ContextVar[RunHandle | None] = ContextVar("started", default=None)  # in _execute's task
 
 
+def log_lag(began: float, late: float) -> None:
+    LAGS.write(json.dumps({"at": began, "late": late, "node": NODE}) + "\n")
+
+
 class AuditedService(node.service.NodeService):
+    watching = False  # the loop's lag (start is called by the server and the app both)
+
+    async def start(self) -> None:
+        await super().start()
+        if not self.watching:
+            self.watching = True
+            self._keep(watch_lag(log_lag))
+
     def _started(self, bus: CancelBus, run: RunHandle) -> None:
         super()._started(bus, run)
         _STARTED.set(run)
