@@ -249,16 +249,33 @@ class CancelBus:
         metadata: dict[str, Any] | None = None,
         parent: str | None = None,
         detached: bool = False,
+        multitask_strategy: MultitaskStrategy | str = MultitaskStrategy.REJECT,
+        interrupt_mode: CancelMode | str = CancelMode.CHECKPOINT,
+        interrupt_timeout: float = 10.0,
     ) -> RunInfo:
         """Record a queued run (no owner yet); ``bus.run(run_id=...)`` on any node claims it.
         Its parent as for :meth:`run`; a run that must never start (its parent's cancel was
-        accepted, a tombstone matches it) is recorded ``cancelled`` at once and returned so."""
+        accepted, a tombstone matches it) is recorded ``cancelled`` at once and returned so.
+
+        A session with an active run: ``multitask_strategy`` as for :meth:`run`, at once —
+        ``reject`` raises :class:`SessionBusy`; ``enqueue`` records the run last in the
+        session's queue (claimed before its turn, it waits for it on the claiming node);
+        ``interrupt``/``rollback`` stop the active run (waiting up to ``interrupt_timeout``)
+        and record this one as holding the session (``interrupted`` names the stopped run; the
+        claiming run's ``run.interrupted`` is that run as it ended)."""
         self._lifecycle.require_open()
-        run_id = check.run_id(run_id)
         session = check.session(app_name, user_id, session_id)
-        return await self._node.calls.enqueue_run(
-            run_id, session, check.run_metadata(metadata), check.parent(parent, detached)
+        spec = RunSpec(
+            run_id=check.run_id(run_id),
+            session=session,
+            metadata=check.run_metadata(metadata),
+            relay=False,
+            parent=check.parent(parent, detached),
+            strategy=check.multitask(multitask_strategy, session),
+            interrupt_mode=check.mode(interrupt_mode),
+            interrupt_timeout=check.timeout(interrupt_timeout),
         )
+        return await self._node.caller.enqueue(spec)
 
     def local_runs(self) -> list[RunHandle]:
         """The runs this node is running now."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from dataclasses import replace
 
 from ._calls import ScriptCalls
 from ._errors import BusUnavailable, CancelBusError, SessionBusy
@@ -27,6 +28,7 @@ from ._types import (
     CancelMode,
     CancelRequest,
     CancelResult,
+    MultitaskStrategy,
     Outcome,
     RunInfo,
     RunStatus,
@@ -107,6 +109,30 @@ class CallerSide:
             raise SessionBusy(spec.session, holder)
         return result.run if result.outcome is not Outcome.NOT_FOUND else None
 
+    async def enqueue(self, spec: RunSpec) -> RunInfo:
+        """Record the queued run ``spec``; a busy session's active run is interrupted first if
+        its strategy says so (again, if another run took the session meanwhile), within its
+        timeout: :class:`SessionBusy` past it."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + spec.interrupt_timeout
+        while True:
+            try:
+                return await self._calls.enqueue_run(
+                    spec.run_id,
+                    spec.session,
+                    spec.metadata,
+                    spec.parent,
+                    queue=spec.strategy is MultitaskStrategy.ENQUEUE,
+                    interrupted=spec.interrupted,
+                )
+            except SessionBusy as busy:
+                left = deadline - loop.time()
+                if spec.strategy is MultitaskStrategy.REJECT or left <= 0:
+                    raise
+                ended = await self.interrupt(busy.active_run_id, spec, left)
+                if ended is not None:
+                    spec = replace(spec, interrupted=ended.run_id)
+
     async def settle(
         self, answer: CancelAnswer, target: str, wait: bool, deadline: float
     ) -> CancelResult:
@@ -181,6 +207,9 @@ class CallerSide:
             run_id,
             failure,
         )
+
+    async def record_of(self, run_id: str) -> RunInfo | None:
+        return await self._reads.get_run(run_id)
 
     async def wait(self, run_id: str, timeout: float) -> RunInfo | None:
         """The run as it stands at its end or at the timeout (None if unknown)."""

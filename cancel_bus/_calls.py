@@ -155,6 +155,7 @@ class ScriptCalls:
         relay: bool,
         parent: str | None = None,
         queue: bool = False,
+        interrupted: str | None = None,
     ) -> Record:
         """The run's record, registered (or claimed) as this incarnation's. Raises
         :class:`Fenced`, :class:`BusUnavailable` (Redis forgot this node), :class:`SessionBusy`,
@@ -169,7 +170,7 @@ class ScriptCalls:
                 "run_id": run_id, "node_id": node_id, "epoch": epoch, "app_name": app,
                 "user_id": user, "session_id": sess, "metadata": _json_or_empty(metadata),
                 "relay": relay, "parent": parent or "", "retention_ms": self.retention_ms,
-                "queue": queue,
+                "queue": queue, "interrupted": interrupted or "",
             },
         )  # fmt: skip
         code = _refused(answer, f"node {node_id}")
@@ -196,9 +197,12 @@ class ScriptCalls:
         metadata: dict[str, Any] | None,
         parent: str | None = None,
         request_id: str | None = None,
+        queue: bool = False,
+        interrupted: str | None = None,
     ) -> RunInfo:
         """The queued run (or, if it must never start — its parent's cancel, a tombstone — the
-        run recorded cancelled at once); :class:`SessionBusy`, :class:`RunExists` if taken."""
+        run recorded cancelled at once); :class:`SessionBusy`, :class:`RunExists` if taken.
+        With ``queue``, a busy session's run waits last in the session's queue instead."""
         app, user, sess = session or ("", "", "")
         answer = await self._call(
             "enqueue_run",
@@ -208,6 +212,7 @@ class ScriptCalls:
                 "metadata": _json_or_empty(metadata), "parent": parent or "",
                 "retention_ms": self.retention_ms,
                 "request": request_id or secrets.token_hex(12),
+                "queue": queue, "interrupted": interrupted or "",
             },
         )  # fmt: skip
         code = Code(answer["code"])

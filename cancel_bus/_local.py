@@ -175,6 +175,7 @@ class LocalRuns:
                 spec.relay,
                 spec.parent,
                 queue=spec.strategy is MultitaskStrategy.ENQUEUE,
+                interrupted=spec.interrupted,
             )
         finally:
             self.starting -= 1

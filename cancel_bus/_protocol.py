@@ -65,6 +65,7 @@ class RunField(StrEnum):
     CANCEL_CAUSE = "cancel_cause"
     CANCEL_REASON = "cancel_reason"
     REQUESTED_BY = "requested_by"
+    INTERRUPTED = "interrupted"
     OUTPUT = "output"
     OUTPUT_TRUNCATED = "output_truncated"
     ERROR = "error"

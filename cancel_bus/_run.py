@@ -16,7 +16,7 @@ import sys
 import time
 from collections.abc import Awaitable, Callable
 from contextvars import Token
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import TracebackType
 from typing import Any, Protocol
 
@@ -49,7 +49,8 @@ class RunSpec:
     """A run to start, checked: its id, session key, metadata, relay, parent, and what it does
     to its session's active run (``strategy``, the cancel's ``interrupt_mode``, and how long
     it waits for that run's end: ``interrupt_timeout``); ``on_queued`` is told the run's record
-    once it waits in the session's queue (strategy ``enqueue``)."""
+    once it waits in the session's queue (strategy ``enqueue``); ``interrupted``: the run of
+    its session it interrupted to start (recorded on it)."""
 
     run_id: str
     session: tuple[str, str, str] | None
@@ -60,6 +61,7 @@ class RunSpec:
     interrupt_mode: CancelMode = CancelMode.CHECKPOINT
     interrupt_timeout: float = 10.0
     on_queued: Callable[[RunInfo], object] | None = None
+    interrupted: str | None = None
 
 
 class Interrupter(Protocol):
@@ -74,6 +76,9 @@ class Interrupter(Protocol):
 
     async def withdraw(self, run_id: str) -> None:
         """The queued ``run_id`` will not start here: record it cancelled, best effort."""
+
+    async def record_of(self, run_id: str) -> RunInfo | None:
+        """The run as it stands (the one a queued run interrupted, read when it starts)."""
 
 
 class RunHandle:
@@ -342,6 +347,8 @@ class RunScope:
                     raise
                 ended = await self._interrupter.interrupt(busy.active_run_id, spec, left)
                 interrupted = ended or interrupted
+                if interrupted is not None:
+                    spec = replace(spec, interrupted=interrupted.run_id)
                 continue
             except RunCancelled:
                 raise  # it must not start (cancelled while it waited its turn: recorded so)
@@ -349,6 +356,9 @@ class RunScope:
                 if queued:
                     await self._withdraw()
                 raise
+            recorded = handle._state.info.interrupted  # queued by enqueue, which interrupted it
+            if interrupted is None and recorded is not None and self._interrupter is not None:
+                interrupted = await self._interrupter.record_of(recorded)
             handle._interrupted = interrupted
             return handle
 

@@ -157,6 +157,7 @@ class RunInfo(BaseModel):
     cancel_cause: StopCause | None = None
     cancel_reason: str | None = None
     requested_by: str | None = None
+    interrupted: str | None = None  # the run of its session it interrupted (or rolled back)
     output: str = ""
     output_truncated: bool = False
     error: str | None = None

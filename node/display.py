@@ -300,6 +300,8 @@ def _fields(run: RunInfo, now: float) -> list[tuple[str, str]]:
         rows.append(("finished", ran))
     if run.phase:
         rows.append(("phase", run.phase))
+    if run.interrupted:  # double texting: the run it interrupted to start
+        rows.append(("replaced", run.interrupted))
     requested = run.cancel_requested_at
     if requested:
         mode = run.cancel_mode.value if run.cancel_mode else "?"

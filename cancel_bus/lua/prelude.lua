@@ -144,6 +144,15 @@ local function session_next(app, user, sess)
   end
 end
 
+-- Puts the new run last in the session's queue (arrival order: a score past the last one's).
+local function session_enqueue(app, user, sess, run_id)
+  local qk = key_session_queue(app, user, sess)
+  local last = redis.call('ZRANGE', qk, -1, -1, 'WITHSCORES')[2]
+  local score = NOW_S
+  if last and tonumber(last) >= score then score = tonumber(last) + 0.000001 end
+  redis.call('ZADD', qk, fmt(score), run_id)
+end
+
 -- The run holding the session: its active run, else (the holder's record is gone) the head of
 -- its queue, which takes the turn now; nil: the session is free.
 local function session_taken(app, user, sess)

@@ -2,8 +2,10 @@
 -- KEYS[1] the run's hash
 -- A: run_id, node_id, epoch, app_name, user_id, session_id ('' x3: no session key), metadata
 --    (JSON or ''), relay, parent ('' : none), retention_ms, pub, queue (true: on a busy session,
---    wait in the session's queue: multitask strategy 'enqueue')
--- A queued run of that id is claimed — with a session key, only if it is the run's own;
+--    wait in the session's queue: multitask strategy 'enqueue'), interrupted (the run of the
+--    session it interrupted to start, or '')
+-- A queued run of that id is claimed — with a session key, only if it is the run's own, and
+-- once the session's turn has come to it (until then it waits in the queue, on this node);
 -- otherwise the id must be new (ids are never reused), or this very start retried (same owner,
 -- session). With `queue`, a new run of a busy session is recorded queued on this node, last in
 -- the session's queue; started again, it starts once the session's turn has come to it (the
@@ -43,6 +45,15 @@ if cur[1] == 'queued' and own_session then
       req.cause, '', A.node_id, A.retention_ms, A.pub)
     return {code = C.CANCELLED, run = record(A.run_id)}
   end
+  if A.app_name ~= '' then  -- queued by enqueue in the session's queue: its turn, or wait it here
+    local holder = session_taken(A.app_name, A.user_id, A.session_id)
+    if holder and holder ~= A.run_id then
+      redis.call('HSET', rk, R.OWNER, A.node_id)
+      redis.call('SADD', key_node_queued(A.node_id), A.run_id)
+      return {code = C.QUEUED, run = record(A.run_id), holder = holder}
+    end
+    redis.call('SET', key_session(A.app_name, A.user_id, A.session_id), A.run_id)
+  end
   redis.call('HSET', rk, R.STATUS, 'running', R.OWNER, A.node_id, R.EPOCH, A.epoch,
     R.STARTED_AT, NOW)
   if A.relay then redis.call('HSET', rk, R.RELAY, '1') end
@@ -58,6 +69,7 @@ if A.app_name ~= '' then
   r[R.APP_NAME], r[R.USER_ID], r[R.SESSION_ID] = A.app_name, A.user_id, A.session_id
 end
 if A.metadata ~= '' then r[R.METADATA] = A.metadata end
+if A.interrupted ~= '' then r[R.INTERRUPTED] = A.interrupted end
 if A.parent ~= '' then
   r[R.PARENT] = A.parent
   local pst = redis.call('HGET', key_run(A.parent), R.STATUS)
@@ -78,11 +90,7 @@ if A.app_name ~= '' then
     return {code = C.SESSION_BUSY, holder = holder}
   end
   if holder and holder ~= A.run_id then  -- last in the session's queue, on this node
-    local qk = key_session_queue(A.app_name, A.user_id, A.session_id)
-    local last = redis.call('ZRANGE', qk, -1, -1, 'WITHSCORES')[2]
-    local score = NOW_S
-    if last and tonumber(last) >= score then score = tonumber(last) + 0.000001 end
-    redis.call('ZADD', qk, fmt(score), A.run_id)
+    session_enqueue(A.app_name, A.user_id, A.session_id, A.run_id)
     redis.call('SADD', key_node_queued(A.node_id), A.run_id)
     if A.parent ~= '' then redis.call('SADD', key_children(A.parent), A.run_id) end
     for k, v in pairs(r) do redis.call('HSET', rk, k, v) end

@@ -109,6 +109,7 @@ function renderDetail(run, events, children) {
     ["finished", run.finished_at && `${clock(run.finished_at)} (${ago(run.finished_at)})`],
     ["ran for", run.finished_at && span(run.finished_at - (run.started_at || run.created_at))],
     ["phase", run.phase],
+    ["replaced", run.interrupted && runLink(run.interrupted)], // the run it interrupted to start
     ["cancel", run.cancel_mode && `${run.cancel_mode}, asked by ${run.requested_by || "?"}` +
       ` (${run.cancel_cause || "user"})`],
     ["replaced by", REPLACED.has(run.cancel_cause) && run.requested_by && runLink(run.requested_by)],

@@ -331,6 +331,74 @@ async def test_an_interrupt_that_outlasts_its_timeout_is_session_busy(
     assert final is not None and final.status is RunStatus.CANCELLED
 
 
+@pytest.mark.parametrize("strategy", ["reject", "enqueue", "interrupt", "rollback"])
+async def test_enqueue_deals_with_the_active_run_as_its_strategy_says(
+    start: Start, make_bus: BusFactory, strategy: str
+) -> None:
+    """``bus.enqueue`` on a busy session, the active run on another node: refused, queued
+    behind it (a claim before its turn waits for it), or the active run stopped at once and
+    the queued run holding the session (its claim reads the run it interrupted)."""
+    ops = await make_bus()
+    session = {"app_name": APP, "user_id": USER, "session_id": session_of(start)}
+    first = await start("reject", "first")
+    assert (await first.step())["started"] == "first"
+    if strategy == "reject":
+        with pytest.raises(SessionBusy):
+            await ops.enqueue("second", **session, multitask_strategy=strategy)
+        assert await ops.get_run("second") is None
+        await _ticked(ops, "first")
+        return
+    queued = await ops.enqueue("second", **session, multitask_strategy=strategy)
+    assert queued.status is RunStatus.QUEUED and queued.owner is None
+    if strategy == "enqueue":
+        assert queued.interrupted is None
+        assert (await ops.session_run(**session)).run_id == "first"  # type: ignore[union-attr]
+        claim = await start("reject", "second")  # claimed before its turn: it waits for it
+        assert await claim.step() == {"queued": "second"}
+        await _ticked(ops, "first")
+        await ops.cancel("first", timeout=WAIT)
+        assert await first.step() == {"cancelled": "user"}
+        assert (await claim.step())["started"] == "second"
+    else:
+        assert await first.step() == {"cancelled": strategy}  # stopped before enqueue answered
+        assert queued.interrupted == "first"
+        assert (await ops.session_run(**session)).run_id == "second"  # type: ignore[union-attr]
+        claim = await start("reject", "second")
+        begun = await claim.step()
+        ended = await ops.get_run("first")
+        assert ended is not None and ended.requested_by == "second"
+        assert begun["started"] == "second" and begun["interrupted"] == "first"
+        assert begun["interrupted_output"] == ended.output
+        assert (ended.output != "") is (strategy == "interrupt")
+    await ops.cancel("second", timeout=WAIT)
+    assert await claim.ended() == 0
+
+
+async def test_an_enqueued_run_takes_its_turn_unclaimed_and_goes_with_its_session(
+    start: Start, make_bus: BusFactory
+) -> None:
+    """Queued by ``enqueue``: when the active run ends, it holds the session until a node
+    claims it (then it starts at once); one behind it is cancelled with the session."""
+    ops = await make_bus()
+    session = {"app_name": APP, "user_id": USER, "session_id": session_of(start)}
+    first = await start("reject", "first")
+    assert (await first.step())["started"] == "first"
+    for run_id in ("b", "c"):
+        await ops.enqueue(run_id, **session, multitask_strategy="enqueue")
+    await ops.cancel("first", timeout=WAIT)
+    assert (await ops.session_run(**session)).run_id == "b"  # type: ignore[union-attr]
+    b = await start("reject", "b")
+    assert (await b.step())["started"] == "b"  # its turn had come: no wait
+    result = await ops.cancel_session(**session, timeout=WAIT)
+    assert result.run is not None and result.run.run_id == "b"
+    assert [(r.run.run_id, r.outcome.value) for r in result.descendants if r.run] == [
+        ("c", "cancelled")
+    ]
+    c = await ops.get_run("c")
+    assert c is not None and c.status is RunStatus.CANCELLED and c.started_at is None
+    assert await ops.session_run(**session) is None
+
+
 async def _queue(start: Start, *names: str) -> dict[str, Runner]:
     """Follow-ups with strategy ``enqueue``, each on a node of its own, one after the other
     (each has said it is queued before the next asks): their arrival order is ``names``."""

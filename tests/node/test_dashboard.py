@@ -340,6 +340,40 @@ def test_a_run_tree_its_leak_and_its_checkpoint_profile(cluster: Cluster, browse
         page.close()
 
 
+def test_a_double_text_links_the_replaced_run_and_its_successor(
+    cluster: Cluster, browser: Any
+) -> None:
+    """A follow-up on another node interrupts the session's run: each detail names the other
+    ("replaced by", "replaced"), and the links go back and forth."""
+    from playwright.sync_api import expect
+
+    first_node, second_node = cluster.nodes
+    app = f"dt-{uuid.uuid4().hex[:6]}"
+    first = _start(first_node, OPS, app, "u")
+    session = {"session_id": first["session_id"]}
+    second = _start(second_node, OPS, app, "u", multitask_strategy="interrupt", **session)
+    page = _page(browser, first_node, OPS, f"status=all&app_name={app}")
+    detail, fields = page.locator("#detail"), page.locator("#d-fields")
+    try:
+        _row(page, first).get_by_role("button", name=f"Details of run {first['run_id']}").click()
+        expect(detail).to_be_visible(timeout=WAIT)
+        expect(fields).to_contain_text(f"replaced by{second['run_id']}", timeout=WAIT)
+        fields.get_by_role("button", name=f"Details of run {second['run_id']}").click()
+        expect(detail.locator("#d-id")).to_have_text(second["run_id"], timeout=WAIT)
+        expect(fields).to_contain_text(f"replaced{first['run_id']}", timeout=WAIT)
+        expect(fields).not_to_contain_text("replaced by")
+        fields.get_by_role("button", name=f"Details of run {first['run_id']}").click()
+        expect(detail.locator("#d-id")).to_have_text(first["run_id"], timeout=WAIT)
+        expect(fields).to_contain_text(f"replaced by{second['run_id']}", timeout=WAIT)
+        expect(detail.locator("#d-phases")).to_contain_text("finished", timeout=WAIT)
+        _shot(page, "double-text-detail")
+        detail.locator(".close").first.click()
+    finally:
+        page.close()
+    with second_node.client(OPS) as client:
+        assert client.post(f"/v1/runs/{second['run_id']}/cancel").status_code == 200
+
+
 def test_live_rows_keep_their_place(cluster: Cluster, browser: Any) -> None:
     from playwright.sync_api import expect
 

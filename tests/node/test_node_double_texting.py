@@ -66,10 +66,14 @@ def test_a_follow_up_on_another_node_interrupts_the_active_run(
     ended = _ended(nodes[1], first["run_id"])
     assert ended["status"] == "cancelled" and ended["end_reason"] == reason
     assert ended["cancel_cause"] == strategy and ended["requested_by"] == second["run_id"]
-    assert _run(nodes[0], second["run_id"])["status"] == "running"
+    follow_up = _run(nodes[0], second["run_id"])
+    assert follow_up["status"] == "running" and follow_up["interrupted"] == first["run_id"]
     shown = cli("run", first["run_id"], "--url", nodes[0].url)  # the CLI names its successor
     assert shown.returncode == 0, shown.stderr
     assert re.search(rf"replaced by\s+{second['run_id']}", shown.stdout), shown.stdout
+    shown = cli("run", second["run_id"], "--url", nodes[0].url)  # and the one it replaced
+    assert shown.returncode == 0, shown.stderr
+    assert re.search(rf"replaced\s+{first['run_id']}", shown.stdout), shown.stdout
 
 
 def test_reject_is_a_409_and_leaves_the_run_alone(nodes: list[NodeProcess]) -> None:
