@@ -15,6 +15,7 @@ import asyncio
 import logging
 from dataclasses import replace
 
+from . import _tracing as tracing
 from ._calls import ScriptCalls
 from ._errors import BusUnavailable, CancelBusError, SessionBusy
 from ._messages import run_target
@@ -65,7 +66,23 @@ class CallerSide:
         self._stats = stats
 
     async def cancel(self, order: CancelOrder, wait: bool, timeout: float) -> CancelResult:
-        """Record the cancel, then wait (``wait``) for its runs to end within ``timeout``."""
+        """Record the cancel, then wait (``wait``) for its runs to end within ``timeout``; a
+        span of the caller's trace, which the cancel carries to the runs' owners."""
+        with tracing.span(
+            "cancel_bus.cancel",
+            {
+                "cancel_bus.target": order.target,
+                "cancel_bus.mode": order.mode.value,
+                "cancel_bus.cause": order.cause.value,
+                "cancel_bus.node": self._lease.identity.node_id,
+            },
+        ) as (traceparent, span):
+            result = await self._cancel(replace(order, traceparent=traceparent), wait, timeout)
+            if span is not None:
+                span.set_attribute("cancel_bus.outcome", result.outcome.value)
+            return result
+
+    async def _cancel(self, order: CancelOrder, wait: bool, timeout: float) -> CancelResult:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         pause = RECOVERING_FIRST

@@ -244,6 +244,7 @@ class ScriptCalls:
                 "reason": order.reason or "", "requested_by": order.requested_by or "",
                 "waiter": waiter, "caller": caller, "retention_ms": self.retention_ms,
                 "cause": order.cause.value, "tree": order.tree,
+                "traceparent": order.traceparent,
                 "request": request_id or secrets.token_hex(12),
             },
         )  # fmt: skip

@@ -17,6 +17,7 @@ import contextlib
 import functools
 import logging
 
+from . import _tracing as tracing
 from ._calls import ScriptCalls
 from ._chunks import ChunkedQueue, Settling
 from ._duties import Spawn
@@ -122,6 +123,12 @@ class LocalRuns:
         if not state.deliver(request, self.clock()):
             return Delivery.UNCHANGED
         self._sync.mark_delivered(state)
+        if request.traceparent:
+            tracing.happened(
+                "cancel_bus.deliver",
+                request.traceparent,
+                {"cancel_bus.run_id": run_id, "cancel_bus.node": self._lease.node_id},
+            )
         return Delivery.DELIVERED
 
     async def drain(self, timeout: float) -> None:
@@ -314,6 +321,19 @@ class LocalRuns:
             notes=state.notes.take(),
         )
 
+    def _traced_end(self, state: RunState) -> None:
+        """The cancel's last moments here, in its trace: observed at a checkpoint, recorded."""
+        request = state.request
+        if request is None or not request.traceparent:
+            return
+        here = {"cancel_bus.run_id": state.run_id, "cancel_bus.node": self._lease.node_id}
+        if state.observed_at is not None:
+            tracing.happened("cancel_bus.observe", request.traceparent, here, state.observed_at)
+        status = state.final_status.value if state.final_status else ""
+        tracing.happened(
+            "cancel_bus.finish", request.traceparent, {**here, "cancel_bus.status": status}
+        )
+
     def _finished(self, state: RunState, answer: Finished) -> None:
         """Redis answered the run's finish: it leaves the table."""
         self._runs.pop(state.run_id, None)
@@ -327,6 +347,7 @@ class LocalRuns:
             )
             return
         state.final_status = RunStatus(answer.status)
+        self._traced_end(state)
 
 
 def _shutdown(run_id: str, node_id: str) -> CancelOrder:

@@ -44,6 +44,7 @@ class Field(StrEnum):
     REASON = "reason"
     BY = "by"
     CAUSE = "c"
+    TRACEPARENT = "tp"  # the cancel's W3C trace context
     TO = "to"  # the recipient node
     EPOCH = "ep"  # the recipient's incarnation
     STATUS = "st"
@@ -195,6 +196,7 @@ def parse_message(body: dict[str, Any]) -> Message | None:
                 requested_by=_optional_text(body.get(Field.BY)),
                 requested_at=float(body[Field.AT]),
                 cause=StopCause(body.get(Field.CAUSE) or StopCause.USER),
+                traceparent=_optional_text(body.get(Field.TRACEPARENT)) or "",
             )
             return CancelMessage(
                 run_id=_text(body[Field.RUN]),

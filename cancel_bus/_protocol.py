@@ -64,6 +64,7 @@ class RunField(StrEnum):
     CANCEL_MODE = "cancel_mode"
     CANCEL_CAUSE = "cancel_cause"
     CANCEL_REASON = "cancel_reason"
+    CANCEL_TRACEPARENT = "cancel_traceparent"
     REQUESTED_BY = "requested_by"
     INTERRUPTED = "interrupted"
     OUTPUT = "output"
@@ -175,6 +176,7 @@ class CancelOrder:
     requested_by: str | None
     cause: StopCause
     tree: bool = True
+    traceparent: str = ""  # the W3C trace context the cancel continues ('': none)
 
 
 @dataclass(frozen=True, slots=True)

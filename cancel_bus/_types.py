@@ -132,6 +132,7 @@ class CancelRequest:
     requested_by: str | None
     requested_at: float
     cause: StopCause = StopCause.USER
+    traceparent: str = ""  # the W3C trace context of the cancel ('' when it was not traced)
 
 
 class RunInfo(BaseModel):
@@ -156,6 +157,7 @@ class RunInfo(BaseModel):
     cancel_mode: CancelMode | None = None
     cancel_cause: StopCause | None = None
     cancel_reason: str | None = None
+    cancel_traceparent: str | None = None  # the cancel's W3C trace context, if it was traced
     requested_by: str | None = None
     interrupted: str | None = None  # the run of its session it interrupted (or rolled back)
     output: str = ""
@@ -188,6 +190,7 @@ class RunInfo(BaseModel):
             self.requested_by,
             self.cancel_requested_at,
             self.cancel_cause or StopCause.USER,
+            self.cancel_traceparent or "",
         )
 
     @classmethod

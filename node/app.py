@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
@@ -32,6 +33,7 @@ from .metrics import HttpMetrics
 from .schemas import FieldError, Problem, ValidationProblem
 from .service import NodeService
 from .settings import ENV_PREFIX, Settings, is_loopback
+from .telemetry import start_tracing
 
 log = logging.getLogger("cancel_bus.node")
 
@@ -83,6 +85,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             yield
         finally:
             await node.stop()
+            await asyncio.to_thread(stop_tracing)  # the last spans flushed
 
     app = FastAPI(
         title="cancel-bus node",
@@ -102,6 +105,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(api.router)
     app.include_router(health.router)
     app.include_router(dashboard.router)
+    stop_tracing = start_tracing(app)
 
     @app.exception_handler(CancelBusError)
     async def bus_error(request: Request, exc: CancelBusError) -> JSONResponse:

@@ -218,7 +218,7 @@ end
 -- escalates; queued or waiting: cancelled at once; owner gone: resolved owner_lost); the message
 -- is bound to the owner (node and epoch) and to the run. -> {code, run, receivers}
 local function cancel_one(run_id, target, mode, reason, by, cause, waiter, caller, retention_ms,
-    pub)
+    pub, traceparent)
   local rk = key_run(run_id)
   local cur = redis.call('HMGET', rk, R.STATUS, R.OWNER, R.CANCEL_REQUESTED_AT, R.CANCEL_MODE,
     R.EPOCH)
@@ -231,6 +231,9 @@ local function cancel_one(run_id, target, mode, reason, by, cause, waiter, calle
     local fields = {R.CANCEL_REQUESTED_AT, NOW, R.CANCEL_MODE, mode, R.CANCEL_CAUSE, cause}
     if reason ~= '' then table.insert(fields, R.CANCEL_REASON); table.insert(fields, reason) end
     if by ~= '' then table.insert(fields, R.REQUESTED_BY); table.insert(fields, by) end
+    if traceparent and traceparent ~= '' then
+      table.insert(fields, R.CANCEL_TRACEPARENT); table.insert(fields, traceparent)
+    end
     redis.call('HSET', rk, unpack(fields))
     add_event(run_id, E.CANCEL_REQUESTED,
       {mode = mode, cause = cause, reason = meta_or_nil(reason), requested_by = meta_or_nil(by)})
@@ -240,11 +243,12 @@ local function cancel_one(run_id, target, mode, reason, by, cause, waiter, calle
       {from = cur[4], to = mode, requested_by = meta_or_nil(by)})
   end
   local meta = redis.call('HMGET', rk, R.CANCEL_MODE, R.CANCEL_REQUESTED_AT, R.CANCEL_REASON,
-    R.REQUESTED_BY, R.CANCEL_CAUSE)
+    R.REQUESTED_BY, R.CANCEL_CAUSE, R.CANCEL_TRACEPARENT)
   local owner = cur[2]
   local message = {[F.KIND] = MSG.CANCEL, [F.RUN] = run_id, [F.TARGET] = target,
     [F.MODE] = mode, [F.RUN_MODE] = meta[1], [F.AT] = meta[2], [F.REASON] = meta[3] or nil,
-    [F.BY] = meta[4] or nil, [F.CAUSE] = meta[5] or nil, [F.TO] = owner, [F.EPOCH] = cur[5]}
+    [F.BY] = meta[4] or nil, [F.CAUSE] = meta[5] or nil, [F.TRACEPARENT] = meta[6] or nil,
+    [F.TO] = owner, [F.EPOCH] = cur[5]}
   if st ~= 'running' then
     if owner and owner ~= caller then notify(pub, owner, message) end
     finalize(run_id, 'cancelled', 'cancelled', {}, retention_ms, pub)

@@ -69,16 +69,16 @@ if by_session then
   local s = redis.call('HMGET', key_run(run_id), R.APP_NAME, R.USER_ID, R.SESSION_ID)
   for _, id in ipairs(redis.call('ZRANGE', key_session_queue(s[1], s[2], s[3]), 0, -1)) do
     local a = cancel_one(id, RUN_PREFIX .. id, A.mode, A.reason, A.requested_by, A.cause,
-      A.waiter, A.caller, A.retention_ms, A.pub)
+      A.waiter, A.caller, A.retention_ms, A.pub, A.traceparent)
     a.run_id = id
     table.insert(queued, a)
   end
 end
 local below, cut = tree_of(run_id, function(kid)
   return cancel_one(kid, RUN_PREFIX .. kid, A.mode, A.reason, A.requested_by, 'parent',
-    A.waiter, A.caller, A.retention_ms, A.pub)
+    A.waiter, A.caller, A.retention_ms, A.pub, A.traceparent)
 end)
 for _, a in ipairs(queued) do table.insert(below, a) end
 local a = cancel_one(run_id, A.target, A.mode, A.reason, A.requested_by, A.cause, A.waiter,
-  A.caller, A.retention_ms, A.pub)
+  A.caller, A.retention_ms, A.pub, A.traceparent)
 return answer(a, below, cut)
