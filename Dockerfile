@@ -22,7 +22,7 @@ RUN python -m venv /opt/uv \
     && python scripts/locked_uv.py > /tmp/uv.txt \
     && /opt/uv/bin/python -m pip install --quiet --no-deps --require-hashes -r /tmp/uv.txt \
     && python -m venv --without-pip /opt/cancel-bus \
-    && UV_PROJECT_ENVIRONMENT=/opt/cancel-bus /opt/uv/bin/uv sync --locked --quiet --extra node --no-dev --no-editable
+    && UV_PROJECT_ENVIRONMENT=/opt/cancel-bus /opt/uv/bin/uv sync --locked --quiet --extra node --extra otel --no-dev --no-editable
 
 # -- runtime: the virtualenv only; no pip in it, no build tools, no sources ----------------------
 FROM ${PYTHON_IMAGE}
