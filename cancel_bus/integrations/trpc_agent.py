@@ -29,11 +29,10 @@ by ``bus.get_run``/``list_runs`` and recorded ``cancelled`` with ``end_reason`` 
 from __future__ import annotations
 
 import asyncio
-import importlib.metadata
-import inspect
 import logging
 import sys
 import threading
+import time
 from collections.abc import AsyncGenerator, Coroutine, Iterator, Mapping
 from contextlib import aclosing, contextmanager
 from contextvars import ContextVar
@@ -49,15 +48,18 @@ from cancel_bus import (
     BusClosed,
     BusUnavailable,
     CancelBus,
+    CancelMode,
     CancelRequest,
     MultitaskStrategy,
     Outcome,
 )
 
 from .. import _checks as check
+from . import _trpc_agui as agui
 from ._held import HeldCancels
 from ._sessions import bus_session, enter_session_run, running_loop
 from ._trpc_run import LocalRun
+from ._trpc_shape import ORIGINAL_RUN_ASYNC, SUPPORTED, checked_cancel_module
 
 __all__ = [
     "SUPPORTED",
@@ -70,33 +72,12 @@ __all__ = [
 
 log = logging.getLogger("cancel_bus.integrations.trpc_agent")
 
-SUPPORTED = "trpc-agent-py>=1.1,<1.3"
 CANCEL_REASON = "trpc-agent cancel_run"
 WAIT_SLICE_SECONDS = 60.0  # one bus.wait of a remote run's end; repeated until it ends
 RETRY_SECONDS = 1.0
 
-# The manager's methods and parameters this module replaces, and the module functions that must
-# reach them through ``_manager``; checked at install time.
-_METHODS = {
-    "register_run": ("self", "app_name", "user_id", "session_id"),
-    "cancel_run": ("self", "app_name", "user_id", "session_id"),
-    "is_cancelled": ("self", "session_key"),
-    "cleanup_run": ("self", "app_name", "user_id", "session_id"),
-    "get_active_sessions": ("self",),
-    "get_cancel_event": ("self", "session_key"),
-}
-_FUNCTIONS = (
-    "register_run",
-    "cancel_run",
-    "is_run_cancelled",
-    "cleanup_run",
-    "raise_if_cancelled",
-    "get_cancel_event",
-)
-_RUN_ASYNC = ("self", "user_id", "session_id", "new_message", "run_config", "agent_context")
 T = TypeVar("T")
 _INSTALL_LOCK = threading.Lock()
-_ORIGINAL_RUN_ASYNC = Runner.run_async
 
 
 @dataclass(eq=False)
@@ -143,6 +124,15 @@ class RunGroup:
         self.runs.append(run)
         if self.request is not None:
             await node.forward(run, self.request)
+
+
+class StreamRuns(RunGroup):
+    """The runs one AG-UI stream started (see ``_trpc_agui.py``): the ``cancel_run`` AG-UI sends
+    when the stream ends stops these, not the thread's run, which may be another message's."""
+
+
+def _open_stream() -> None:
+    _GROUP.set(StreamRuns())  # not reset: the stream's finally reads it
 
 
 # The runs registered in this context, by key: ``cleanup_run`` ends the caller's own run.
@@ -247,6 +237,27 @@ class _Node:
             self.spawn(self._await_remote_end(result.run.run_id))
         return done
 
+    async def cancel_group(self, group: RunGroup) -> asyncio.Event | None:
+        """Cancel the group's runs (one that registers later at its start) -> an Event set once
+        those registered ran their cleanup; None if none is active."""
+        group.cancel(CancelRequest(CancelMode.CHECKPOINT, CANCEL_REASON, None, time.time()))
+        ends = []
+        for run in group.runs:
+            if not run.finished:
+                ends.append(asyncio.Event())
+                run.cleanup_events.append(ends[-1])
+        if not ends:
+            return None
+        done = asyncio.Event()
+
+        async def all_ended() -> None:
+            for end in ends:
+                await end.wait()
+            done.set()
+
+        self.spawn(all_ended())
+        return done
+
     async def finish(self, run: LocalRun) -> None:
         """End the run's bus scope: cancelled if it saw the cancel, else as its code ended."""
         run.finished = True
@@ -333,6 +344,9 @@ class BusCancellationManager:
                 app_name, user_id, session_id
             )
             return result
+        group = _GROUP.get()
+        if isinstance(group, StreamRuns):  # AG-UI's end of a stream: its own runs only
+            return await asyncio.shield(node.spawn(node.cancel_group(group)))
         return await asyncio.shield(
             node.spawn(node.cancel(SessionKey(app_name, user_id, session_id)))
         )
@@ -405,7 +419,8 @@ def install(
     loop = running_loop("install")
     strategy = check.strategy(multitask_strategy)
     with _INSTALL_LOCK:
-        module = _checked_cancel_module()
+        module = checked_cancel_module()
+        agui.wrap(_open_stream)  # first: it may refuse this trpc-agent version
         manager = module._manager
         if not isinstance(manager, BusCancellationManager):
             manager = BusCancellationManager(fallback=manager)
@@ -429,14 +444,15 @@ def uninstall() -> None:
         del manager._nodes[loop]
         if not manager._nodes:
             module._manager = manager.fallback
-            Runner.run_async = _ORIGINAL_RUN_ASYNC
+            Runner.run_async = ORIGINAL_RUN_ASYNC
+            agui.unwrap()
 
 
 def _run_async(self: Any, **kwargs: Any) -> AsyncGenerator[Any, None]:
     """``Runner.run_async`` while installed: notes when the run was asked for, follows its
     events, ends a cancelled run's cleanup when it yields ``AgentCancelledEvent``, and ends a run
     interrupted by an ``immediate`` cancel as a cancelled one."""
-    events = _ORIGINAL_RUN_ASYNC(self, **kwargs)
+    events = ORIGINAL_RUN_ASYNC(self, **kwargs)
     manager = _cancel._manager
     node = manager._node() if isinstance(manager, BusCancellationManager) else None
     if node is None:
@@ -471,30 +487,3 @@ async def _followed(
             waiting.remove(start)
         if not waiting and node.starting.get(start.key) is waiting:
             del node.starting[start.key]
-
-
-def _checked_cancel_module() -> Any:
-    """``trpc_agent_sdk.cancel._cancel`` if it still has the shape this module replaces."""
-    module: Any = _cancel
-    problems: list[str] = []
-    manager_class = getattr(module, "_RunCancellationManager", None)
-    if manager_class is None or not hasattr(module, "_manager"):
-        problems.append("no _RunCancellationManager/_manager")
-    else:
-        for name, parameters in _METHODS.items():
-            method = getattr(manager_class, name, None)
-            if method is None or tuple(inspect.signature(method).parameters) != parameters:
-                problems.append(f"_RunCancellationManager.{name}")
-    for name in _FUNCTIONS:
-        function = getattr(module, name, None)
-        if function is None or "_manager" not in function.__code__.co_names:
-            problems.append(f"{name}() does not use _manager")
-    if tuple(inspect.signature(_ORIGINAL_RUN_ASYNC).parameters) != _RUN_ASYNC:
-        problems.append("Runner.run_async")
-    if problems:
-        version = importlib.metadata.version("trpc-agent-py")
-        raise RuntimeError(
-            f"cancel_bus.integrations.trpc_agent supports {SUPPORTED}; trpc-agent-py {version} "
-            f"changed trpc_agent_sdk.cancel._cancel: {'; '.join(problems)}"
-        )
-    return module

@@ -34,6 +34,7 @@ from cancel_bus import CancelBus
 ROOT = Path(__file__).resolve().parents[2]
 START_TIMEOUT = 90.0  # importing a framework takes seconds on a loaded 2-core machine
 STOP_TIMEOUT = 15.0
+STRATEGY_ENV = "CANCEL_BUS_TEST_STRATEGY"  # a replica's install's multitask_strategy (reject)
 
 AppFactory = Callable[[CancelBus, str], AbstractAsyncContextManager[Any]]
 

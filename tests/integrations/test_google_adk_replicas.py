@@ -15,6 +15,7 @@ import asyncio
 import json
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import httpx
@@ -28,7 +29,7 @@ from cancel_bus.integrations._sessions import bus_session
 from node.embedded import EmbeddedServer
 
 from ..helpers import WAIT, eventually
-from .replica import Replica, running
+from .replica import STRATEGY_ENV, Replica, running, start_replicas
 from .replica_client import WHERE, ReplicaRuns, delivered
 from .story_support import ANSWER, ENDS, GATED, USER, gates_to_open
 
@@ -119,21 +120,25 @@ class AdkRuns(ReplicaRuns):
     def session(self, name: str) -> str:
         return f"{name}-{uuid.uuid4().hex[:8]}"
 
-    async def ask(self, session: str) -> None:
-        """``run_async`` of an invocation of ``session`` called on A (adk_replica.py); its
-        stream is not read (the invocation does not register) until :meth:`read`."""
-        await self.post(self.a, "/adk/invocations", {"session": session})
+    async def ask(self, session: str, on: Replica | None = None) -> None:
+        """``run_async`` of an invocation of ``session`` called on A (or ``on``; adk_replica.py);
+        its stream is not read (the invocation does not register) until :meth:`read`."""
+        await self.post(on or self.a, "/adk/invocations", {"session": session})
 
-    async def read(self, session: str) -> None:
-        await self.open(f"read:{session}")
+    async def read(self, session: str, on: Replica | None = None) -> None:
+        await self.open_on(on or self.a, f"read:{session}")
 
-    async def streamed(self, session: str) -> None:
+    async def open_on(self, replica: Replica, gate: str) -> None:
+        await self.post(replica, f"/gates/{gate}")
+
+    async def streamed(self, session: str, on: Replica | None = None) -> None:
         """Until the invocation :meth:`ask` started has yielded its first event."""
-        await self.post(self.a, f"/adk/invocations/{session}/streaming")
+        await self.post(on or self.a, f"/adk/invocations/{session}/streaming")
 
-    async def outcome(self, session: str) -> dict[str, Any]:
+    async def outcome(self, session: str, on: Replica | None = None) -> dict[str, Any]:
         """The events of the invocation :meth:`ask` started, once it ended."""
-        outcome: dict[str, Any] = await self.post(self.a, f"/adk/invocations/{session}/result")
+        path = f"/adk/invocations/{session}/result"
+        outcome: dict[str, Any] = await self.post(on or self.a, path)
         return outcome
 
     async def cancel_session(
@@ -145,8 +150,8 @@ class AdkRuns(ReplicaRuns):
             f"{self.at(where).url}{path}", json={"mode": mode, "wait": wait}
         )
 
-    async def played(self, session: str) -> dict[str, Any]:
-        response = await self.http.get(f"{self.a.url}/stories/{session}")
+    async def played(self, session: str, on: Replica | None = None) -> dict[str, Any]:
+        response = await self.http.get(f"{(on or self.a).url}/stories/{session}")
         response.raise_for_status()
         played: dict[str, Any] = response.json()
         return played
@@ -447,3 +452,192 @@ async def test_a_held_cancel_is_ordered_by_redis_not_by_a_clock_running_behind(
     outcome = await runs.outcome(session)
     assert (outcome["error"], outcome["model_calls"]) == (None, 2)
     assert (await asyncio.wait_for(cancel, WAIT)).outcome is Outcome.NOT_FOUND
+
+
+# -- double texting: a second invocation of a session, on another replica -----------------------
+
+# The end reason of the run a new invocation of its session stopped, by the install's strategy.
+STOPPED = {"interrupt": "interrupted", "rollback": "rolled_back"}
+# The lease of the replicas started with a strategy: a fresh replica's first invocation imports
+# what ADK loads lazily (some 350 modules) on its loop, which on a loaded 2-core machine stalls
+# it past a 3 s lease (its node then fences itself and stops the run under test).
+STRATEGY_LEASE = 10.0
+
+
+@asynccontextmanager
+async def replicas_with(
+    strategy: str, redis_server: EmbeddedServer, namespace: str
+) -> AsyncIterator[list[Replica]]:
+    """Replicas A and B installed with ``strategy``, started off the test's loop (its bus, the
+    test's ``ops``, keeps its lease meanwhile); stopped after the block."""
+    replicas = await asyncio.to_thread(
+        start_replicas,
+        ADK_REPLICA,
+        2,
+        redis_server.url,
+        namespace,
+        lease_ttl=STRATEGY_LEASE,
+        env={STRATEGY_ENV: strategy},
+    )
+    try:
+        yield replicas
+    finally:
+        for replica in replicas:
+            await asyncio.to_thread(replica.stop)
+
+
+async def runs_of(ops: CancelBus, session: str) -> list[RunInfo]:
+    """The bus runs of the session (from any node), newest first."""
+    found = await ops.list_runs(status="all", app_name="story", user_id=USER)
+    return [run for run in found if run.session_id == session]
+
+
+def streamed_text(outcome: dict[str, Any]) -> str:
+    return "".join(event["text"] for event in outcome["events"] if event["partial"])
+
+
+async def invoke_on_a_then_b(runs: AdkRuns, ops: CancelBus, session: str) -> RunInfo:
+    """An invocation of ``session`` on A, streaming ("Let me ", then its model waits at
+    ``model:<session>``), then one on B, read (registering); A's bus run, as it was before B's
+    invocation was asked for."""
+    await runs.ask(session)
+    await runs.read(session)
+    await runs.streamed(session)
+    first = await ops.session_run("story", USER, session)
+    assert first is not None
+    assert (first.status, first.owner) == (RunStatus.RUNNING, runs.a.node_id)
+    await runs.ask(session, on=runs.b)
+    await runs.read(session, on=runs.b)
+    return first
+
+
+async def completes(runs: AdkRuns, ops: CancelBus, session: str, on: Replica) -> RunInfo:
+    """The invocation of ``session`` on ``on``, held at its model's gate, plays its story to
+    the end (the tool, then the answer); its bus run, ended."""
+    for gate in ("model", "tool"):
+        await runs.open_on(on, f"{gate}:{session}")
+    outcome = await runs.outcome(session, on=on)
+    assert (outcome["error"], outcome["model_calls"]) == (None, 2)
+    assert [event["error"] for event in outcome["events"]] == [None] * len(outcome["events"])
+    assert streamed_text(outcome) == "Let me look. " + ANSWER
+    assert outcome["events"][-1]["text"] == ANSWER
+    [run] = [run for run in await runs_of(ops, session) if run.owner == on.node_id]
+    final = await ops.wait(run.run_id, timeout=WAIT)
+    assert final is not None and (final.status, final.end_reason) == (
+        RunStatus.SUCCEEDED,
+        "completed",
+    )
+    return final
+
+
+async def test_a_second_invocation_of_a_session_on_another_replica_is_rejected_by_default(
+    runs: AdkRuns, ops: CancelBus
+) -> None:
+    """Replicas installed without a strategy (``reject``): ``run_async`` of a session whose
+    invocation runs on A, called on B, fails with ``SessionBusy`` before its model is called
+    and leaves no run; A's invocation goes on untouched."""
+    session = runs.session("texting")
+    first = await invoke_on_a_then_b(runs, ops, session)
+
+    rejected = await runs.outcome(session, on=runs.b)
+    assert rejected["error"] == (
+        f"SessionBusy: session story/{USER}/{session} already has an active run {first.run_id}"
+    )
+    assert (rejected["events"], rejected["model_calls"]) == ([], 0)
+    still = await ops.get_run(first.run_id)
+    assert still is not None and (still.status, still.cancel_requested_at) == (
+        RunStatus.RUNNING,
+        None,
+    )
+    assert (await completes(runs, ops, session, runs.a)).run_id == first.run_id
+    assert [run.run_id for run in await runs_of(ops, session)] == [first.run_id]
+
+
+@pytest.mark.parametrize("strategy", ["enqueue", "interrupt", "rollback"])
+async def test_a_second_invocation_of_a_session_on_another_replica_follows_the_install_strategy(
+    http: httpx.AsyncClient,
+    redis_server: EmbeddedServer,
+    replica_namespace: str,
+    ops: CancelBus,
+    strategy: str,
+) -> None:
+    """``install(bus, multitask_strategy=...)`` on both replicas: ``run_async`` of a session
+    whose invocation runs on A, called on B, waits queued behind it until it ends
+    (``enqueue``), or stops it at its next event (``interrupt``, ``rollback``: A's run ends
+    so, asked by B's), then runs on B."""
+    async with replicas_with(strategy, redis_server, replica_namespace) as replicas:
+        runs = AdkRuns(http, replicas, "story", USER)
+        session = runs.session("texting")
+        first = await invoke_on_a_then_b(runs, ops, session)
+        if strategy == "enqueue":
+            second, streamed = await queued_behind(runs, ops, session, first)
+        else:
+            second, streamed = await interrupting(runs, ops, session, first, strategy)
+        a_outcome = await runs.outcome(session)  # A's invocation, aborted by ADK
+        assert (a_outcome["error"], a_outcome["model_calls"]) == (None, 1)
+        assert streamed_text(a_outcome) == streamed
+        assert [event["error"] for event in a_outcome["events"]][-1:] == [ABORTED]
+        stopped = await ops.get_run(first.run_id)
+        assert stopped is not None and stopped.finished_at is not None
+        assert second.started_at is not None and stopped.finished_at <= second.started_at
+        assert (second.status, second.owner) == (RunStatus.RUNNING, runs.b.node_id)
+        assert (await completes(runs, ops, session, runs.b)).run_id == second.run_id
+
+
+async def queued_behind(
+    runs: AdkRuns, ops: CancelBus, session: str, first: RunInfo
+) -> tuple[RunInfo, str]:
+    """``enqueue``: B's invocation is recorded queued while A's goes on, its model not called;
+    A's is cancelled through the bus (``immediate``: its model's wait interrupted), then B's
+    starts. -> B's run, started; what A's streamed."""
+
+    async def queued() -> RunInfo | None:
+        found = await runs_of(ops, session)
+        return next((run for run in found if run.status is RunStatus.QUEUED), None)
+
+    waiting = await eventually(queued)
+    assert (waiting.owner, waiting.interrupted) == (runs.b.node_id, None)
+    active = await ops.session_run("story", USER, session)
+    assert active is not None and (active.run_id, active.status) == (
+        first.run_id,
+        RunStatus.RUNNING,
+    )
+    assert active.cancel_requested_at is None
+    assert (await runs.played(session, on=runs.b))["model_calls"] == 0
+
+    stop = await ops.cancel(first.run_id, mode="immediate", timeout=WAIT)
+    assert stop.outcome is Outcome.CANCELLED
+    await runs.streamed(session, on=runs.b)  # its turn: B's invocation streams "Let me "
+    second = await ops.get_run(waiting.run_id)
+    assert second is not None and second.interrupted is None
+    assert await ops.session_run("story", USER, session) == second
+    return second, "Let me "
+
+
+async def interrupting(
+    runs: AdkRuns, ops: CancelBus, session: str, first: RunInfo, strategy: str
+) -> tuple[RunInfo, str]:
+    """``interrupt``/``rollback``: B's invocation cancels A's run (``checkpoint``, its cause
+    the strategy) and waits for its end, its model not called; A's model goes on, and ADK
+    aborts A's invocation at its next event; then B's starts, naming the run it stopped.
+    -> B's run, started; what A's streamed."""
+    await delivered(ops, first.run_id)
+    stopping = await ops.get_run(first.run_id)
+    assert stopping is not None and stopping.status is RunStatus.RUNNING
+    assert (stopping.cancel_mode, stopping.cancel_cause) == ("checkpoint", StopCause(strategy))
+    assert (await runs.played(session, on=runs.b))["model_calls"] == 0
+
+    await runs.open(f"model:{session}")  # A's model streams "look. ": its next event
+    await runs.streamed(session, on=runs.b)
+    second = await ops.session_run("story", USER, session)
+    assert second is not None and second.interrupted == first.run_id
+    stopped = await ops.get_run(first.run_id)
+    assert stopped is not None
+    assert (stopped.status, stopped.end_reason, stopped.cancel_cause, stopped.requested_by) == (
+        RunStatus.CANCELLED,
+        STOPPED[strategy],
+        StopCause(strategy),
+        second.run_id,
+    )
+    assert stopped.output == ("Let me look. " if strategy == "interrupt" else "")  # rolled back
+    return second, "Let me look. "

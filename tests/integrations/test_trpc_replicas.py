@@ -20,9 +20,8 @@ from node.embedded import EmbeddedServer
 
 from ..helpers import WAIT, eventually
 from .conftest import TRPC_REPLICA
-from .replica import Replica, running
+from .replica import STRATEGY_ENV, Replica, running
 from .tree_support import children
-from .trpc_replica import STRATEGY_ENV
 from .trpc_support import APP, BOSS, GATED
 
 WHERE = ["owner", "other"]

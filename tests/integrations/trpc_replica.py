@@ -35,10 +35,9 @@ from cancel_bus.integrations.a2a import BusRequestHandler, BusTaskStore
 from ..helpers import WAIT
 from .a2a_reads import read_routes
 from .a2a_support import CANCEL_TIMEOUT, CountingBusTaskStore, card, client, message
+from .replica import STRATEGY_ENV
 from .replica_routes import bus_routes, gate_routes
 from .trpc_support import APP, BOSS, GatedSessionService, StreamingAgent, boss
-
-STRATEGY_ENV = "CANCEL_BUS_TEST_STRATEGY"  # the install's multitask_strategy (default reject)
 
 
 @dataclass
