@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 from types import TracebackType
 from typing import Any, Protocol
 
-from ._errors import InvalidArgument, Queued, RunEnded, SessionBusy
+from ._errors import CancelBusError, InvalidArgument, Queued, RunEnded, SessionBusy
 from ._run_state import Ending, RunCancelled, RunState, current_run
 from ._types import CancelMode, CancelRequest, MultitaskStrategy, RunInfo, RunStatus, StopCause
 
@@ -323,6 +323,7 @@ class RunScope:
             notes.last_site = f"{frame.f_code.co_filename}:{frame.f_lineno}"
         self._handle = handle
         self._current = current_run.set(handle._state)
+        await self._read_interrupted(handle)
         return handle
 
     async def _start(self) -> RunHandle:
@@ -356,11 +357,23 @@ class RunScope:
                 if queued:
                     await self._withdraw()
                 raise
-            recorded = handle._state.info.interrupted  # queued by enqueue, which interrupted it
-            if interrupted is None and recorded is not None and self._interrupter is not None:
-                interrupted = await self._interrupter.record_of(recorded)
             handle._interrupted = interrupted
             return handle
+
+    async def _read_interrupted(self, handle: RunHandle) -> None:
+        """A queued run that ``enqueue`` recorded after interrupting another: that run, read
+        once the scope holds the run (a failed read leaves ``interrupted`` None; a cancelled
+        one ends the run as its task did)."""
+        recorded = handle._state.info.interrupted
+        if handle._interrupted is not None or recorded is None or self._interrupter is None:
+            return
+        try:
+            handle._interrupted = await self._interrupter.record_of(recorded)
+        except CancelBusError:
+            pass
+        except BaseException as exc:
+            await self.__aexit__(type(exc), exc, exc.__traceback__)
+            raise
 
     async def _wait_turn(self, waiting: Queued, tell: bool) -> None:
         """Wait in the session's queue for its active run to end (first, with ``tell``, the
