@@ -45,5 +45,6 @@ def wrap(begin: Callable[[], None]) -> None:
 
 
 def unwrap() -> None:
+    """Undo :func:`wrap`."""
     if AgUiAgent is not None:
         AgUiAgent.run = _ORIGINAL_RUN

@@ -283,7 +283,12 @@ async def test_a_second_ag_ui_run_of_a_thread_on_another_replica_stops_the_first
 
     second = AgUiRun(http, b, "turns", thread=first.thread)  # held at B's gate after "Let me "
     await first.closed()
-    now = await ops.session_run(APP, first.user, first.thread)  # B's run, A's having ended
+
+    async def taken_over() -> RunInfo | None:  # B's run holds the thread once A's has ended
+        info = await ops.session_run(APP, first.user, first.thread)
+        return info if info is not None and info.owner == b.node_id else None
+
+    now = await eventually(taken_over)
     await http.post(f"{b.url}/gates/{first.thread}")
     await second.closed()
 
