@@ -15,12 +15,31 @@ from cancel_bus import (
     ID_PATTERN,
     MAX_ID_LENGTH,
     CancelBus,
+    CancelMode,
     MultitaskStrategy,
     RunHandle,
     SessionBusy,
 )
 
+from .. import _checks as check
+
 _ID_RE = re.compile(ID_PATTERN)
+
+
+@dataclass(frozen=True)
+class Multitask:
+    """An adapter's setting for a new run of a busy session (double texting): its strategy,
+    and the mode an ``interrupt``/``rollback`` cancels the active run in."""
+
+    strategy: MultitaskStrategy = MultitaskStrategy.REJECT
+    interrupt_mode: CancelMode = CancelMode.CHECKPOINT
+
+    @classmethod
+    def checked(
+        cls, strategy: MultitaskStrategy | str, interrupt_mode: CancelMode | str
+    ) -> Multitask:
+        """From an ``install``'s arguments (:class:`~cancel_bus.InvalidArgument` if bad)."""
+        return cls(check.strategy(strategy), check.mode(interrupt_mode))
 
 
 def running_loop(what: str) -> asyncio.AbstractEventLoop:
@@ -50,10 +69,10 @@ async def enter_session_run(
     busy_timeout: float,
     metadata: dict[str, Any],
     parent: str | None = None,
-    strategy: MultitaskStrategy = MultitaskStrategy.REJECT,
+    multitask: Multitask = Multitask(),
 ) -> tuple[AbstractAsyncContextManager[RunHandle], RunHandle]:
     """Enter a bus run of ``session``: its scope (the caller exits it) and handle. What it does
-    to the key's active run is ``strategy`` (double texting: reject, enqueue, interrupt,
+    to the key's active run is ``multitask`` (double texting: reject, enqueue, interrupt,
     rollback, with ``busy_timeout`` as the interrupt's timeout); a rejected start waits for a
     run of the key that is stopping, up to ``busy_timeout``, and raises ``SessionBusy`` for one
     that is not."""
@@ -67,7 +86,8 @@ async def enter_session_run(
             session_id=session_id,
             metadata=metadata,
             parent=parent,
-            multitask_strategy=strategy,
+            multitask_strategy=multitask.strategy,
+            interrupt_mode=multitask.interrupt_mode,
             interrupt_timeout=busy_timeout,
         )
         try:

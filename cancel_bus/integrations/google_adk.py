@@ -57,9 +57,9 @@ from cancel_bus import (
     RunHandle,
 )
 
-from .. import _checks as check
 from ._held import HeldCancels
 from ._sessions import (
+    Multitask,
     Turns,
     bus_session,
     enter_session_run,
@@ -170,7 +170,7 @@ class _Installed:
     loop: asyncio.AbstractEventLoop
     busy_timeout: float
     held: HeldCancels
-    strategy: MultitaskStrategy
+    multitask: Multitask
 
 
 _INSTALLED: list[_Installed] = []  # at most one: the wrapper is process-wide
@@ -181,16 +181,19 @@ def install(
     *,
     busy_timeout: float = 10.0,
     multitask_strategy: MultitaskStrategy | str = MultitaskStrategy.REJECT,
+    interrupt_mode: CancelMode | str = CancelMode.CHECKPOINT,
 ) -> None:
     """Make every ``Runner.run_async`` on the running loop (the bus's) a bus run of its session.
 
     ``multitask_strategy``: what a new invocation of a session does to the session's active run
     on any node (double texting: ``reject`` — the default: ``SessionBusy`` —, ``enqueue``,
-    ``interrupt``, ``rollback``). ``busy_timeout``: how long a new invocation of a session waits
-    for the session's stopping run to end before ``SessionBusy`` (and an interrupt's timeout).
+    ``interrupt``, ``rollback``; ``interrupt_mode``: the mode the last two cancel it in,
+    ``immediate`` to abort its model's stream at once). ``busy_timeout``: how long a new
+    invocation of a session waits for the session's stopping run to end before ``SessionBusy``
+    (and an interrupt's timeout).
     Raises ``RuntimeError`` if this ADK version changed ``Runner.run_async``'s parameters."""
     loop = running_loop("install")
-    strategy = check.strategy(multitask_strategy)
+    multitask = Multitask.checked(multitask_strategy, interrupt_mode)
     with _INSTALL_LOCK:
         if _INSTALLED:
             raise RuntimeError("a bus is already installed for google-adk; uninstall() it first")
@@ -201,7 +204,7 @@ def install(
                 f"cancel_bus.integrations.google_adk supports {SUPPORTED}; google-adk {version} "
                 f"changed Runner.run_async's parameters to {parameters}"
             )
-        _INSTALLED.append(_Installed(bus, loop, busy_timeout, HeldCancels(bus), strategy))
+        _INSTALLED.append(_Installed(bus, loop, busy_timeout, HeldCancels(bus), multitask))
         Runner.run_async = _run_async  # type: ignore[method-assign]
 
 
@@ -246,7 +249,7 @@ async def _bus_run(
             busy_timeout=installed.busy_timeout,
             metadata=METADATA,
             parent=_CURRENT.get(),
-            strategy=installed.strategy,
+            multitask=installed.multitask,
         )
     )
     invocation = _Invocation(handle=handle, abort=asyncio.Event())

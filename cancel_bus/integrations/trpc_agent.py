@@ -54,10 +54,9 @@ from cancel_bus import (
     Outcome,
 )
 
-from .. import _checks as check
 from . import _trpc_agui as agui
 from ._held import HeldCancels
-from ._sessions import bus_session, enter_session_run, running_loop
+from ._sessions import Multitask, bus_session, enter_session_run, running_loop
 from ._trpc_run import LocalRun
 from ._trpc_shape import ORIGINAL_RUN_ASYNC, SUPPORTED, checked_cancel_module
 
@@ -146,11 +145,11 @@ class _Node:
     """The runs of one bus (one event loop): session key -> its current local run."""
 
     def __init__(
-        self, bus: CancelBus, busy_timeout: float, start_grace: float, strategy: MultitaskStrategy
+        self, bus: CancelBus, busy_timeout: float, start_grace: float, multitask: Multitask
     ) -> None:
         self.bus = bus
         self.busy_timeout = busy_timeout
-        self.strategy = strategy
+        self.multitask = multitask
         self.start_grace = start_grace
         self.held = HeldCancels(bus)
         self.runs: dict[Any, LocalRun] = {}
@@ -208,7 +207,7 @@ class _Node:
             bus_session(key.app_name, key.user_id, key.session_id),
             busy_timeout=self.busy_timeout,
             metadata={"integration": "trpc-agent"},
-            strategy=self.strategy,
+            multitask=self.multitask,
         )
         run = LocalRun(key, scope, handle)
         self.runs[key] = run
@@ -405,19 +404,22 @@ def install(
     busy_timeout: float = 10.0,
     start_grace: float = 1.0,
     multitask_strategy: MultitaskStrategy | str = MultitaskStrategy.REJECT,
+    interrupt_mode: CancelMode | str = CancelMode.CHECKPOINT,
 ) -> None:
     """Make trpc-agent's cancel API cluster-wide through ``bus`` on the running event loop.
 
     Call it on the loop that runs the Runners, once the bus is started. ``multitask_strategy``:
     what a new run of a session key does to the key's active run on any node (double texting:
     ``reject`` — the default: ``SessionBusy`` —, ``enqueue``, ``interrupt``, ``rollback``; also
-    AG-UI's new run on a thread). ``busy_timeout``: how long a new run of a session key waits
+    AG-UI's new run on a thread; ``interrupt_mode``: the mode an interrupt or a rollback
+    cancels the active run in, ``immediate`` to cut off its model's stream at once).
+    ``busy_timeout``: how long a new run of a session key waits
     for the key's stopping run to end before ``SessionBusy`` (and an interrupt's timeout).
     ``start_grace``: how long a ``cancel_run`` that finds no run of the key waits for one asked
     for before it to register (and then cancels it). Raises ``RuntimeError`` if this trpc-agent
     version moved the internals this relies on."""
     loop = running_loop("install")
-    strategy = check.strategy(multitask_strategy)
+    multitask = Multitask.checked(multitask_strategy, interrupt_mode)
     with _INSTALL_LOCK:
         module = checked_cancel_module()
         agui.wrap(_open_stream)  # first: it may refuse this trpc-agent version
@@ -426,7 +428,7 @@ def install(
             manager = BusCancellationManager(fallback=manager)
         if loop in manager._nodes:
             raise RuntimeError("a bus is already installed for trpc-agent on this event loop")
-        manager._nodes[loop] = _Node(bus, busy_timeout, start_grace, strategy)
+        manager._nodes[loop] = _Node(bus, busy_timeout, start_grace, multitask)
         module._manager = manager
         Runner.run_async = _run_async
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -31,7 +30,7 @@ from cancel_bus.integrations import agno, google_adk, pydantic_ai
 
 from . import agno_support, pydantic_ai_support
 from .adk_support import AGENTS_DIR
-from .replica import STRATEGY_ENV
+from .replica import multitask_setting
 from .replica_routes import Runs, bus_routes, gate_routes
 from .story_support import APP, GATES, USER, story
 
@@ -226,7 +225,7 @@ def _extend(app: FastAPI, routes: Iterable[Route]) -> None:
 @asynccontextmanager
 async def serve(bus: CancelBus, url: str) -> AsyncIterator[FastAPI]:
     agno.install(bus)
-    google_adk.install(bus, multitask_strategy=os.environ.get(STRATEGY_ENV, "reject"))
+    google_adk.install(bus, **multitask_setting())
     db = InMemoryDb()
     app = get_fast_api_app(
         agents_dir=str(AGENTS_DIR),

@@ -35,6 +35,16 @@ ROOT = Path(__file__).resolve().parents[2]
 START_TIMEOUT = 90.0  # importing a framework takes seconds on a loaded 2-core machine
 STOP_TIMEOUT = 15.0
 STRATEGY_ENV = "CANCEL_BUS_TEST_STRATEGY"  # a replica's install's multitask_strategy (reject)
+MODE_ENV = "CANCEL_BUS_TEST_INTERRUPT_MODE"  # and its interrupt_mode (checkpoint)
+
+
+def multitask_setting() -> dict[str, str]:
+    """The ``install`` arguments a replica's environment asks for (double texting)."""
+    return {
+        "multitask_strategy": os.environ.get(STRATEGY_ENV, "reject"),
+        "interrupt_mode": os.environ.get(MODE_ENV, "checkpoint"),
+    }
+
 
 AppFactory = Callable[[CancelBus, str], AbstractAsyncContextManager[Any]]
 

@@ -29,7 +29,7 @@ from cancel_bus.integrations._sessions import bus_session
 from node.embedded import EmbeddedServer
 
 from ..helpers import WAIT, eventually
-from .replica import STRATEGY_ENV, Replica, running, start_replicas
+from .replica import MODE_ENV, STRATEGY_ENV, Replica, running, start_replicas
 from .replica_client import WHERE, ReplicaRuns, delivered
 from .story_support import ANSWER, ENDS, GATED, USER, gates_to_open
 
@@ -466,10 +466,11 @@ STRATEGY_LEASE = 10.0
 
 @asynccontextmanager
 async def replicas_with(
-    strategy: str, redis_server: EmbeddedServer, namespace: str
+    strategy: str, mode: str, redis_server: EmbeddedServer, namespace: str
 ) -> AsyncIterator[list[Replica]]:
-    """Replicas A and B installed with ``strategy``, started off the test's loop (its bus, the
-    test's ``ops``, keeps its lease meanwhile); stopped after the block."""
+    """Replicas A and B installed with ``strategy`` (an interrupt in ``mode``), started off the
+    test's loop (its bus, the test's ``ops``, keeps its lease meanwhile); stopped after the
+    block."""
     replicas = await asyncio.to_thread(
         start_replicas,
         ADK_REPLICA,
@@ -477,7 +478,7 @@ async def replicas_with(
         redis_server.url,
         namespace,
         lease_ttl=STRATEGY_LEASE,
-        env={STRATEGY_ENV: strategy},
+        env={STRATEGY_ENV: strategy, MODE_ENV: mode},
     )
     try:
         yield replicas
@@ -553,26 +554,36 @@ async def test_a_second_invocation_of_a_session_on_another_replica_is_rejected_b
     assert [run.run_id for run in await runs_of(ops, session)] == [first.run_id]
 
 
-@pytest.mark.parametrize("strategy", ["enqueue", "interrupt", "rollback"])
+@pytest.mark.parametrize(
+    ("strategy", "mode"),
+    [
+        ("enqueue", "checkpoint"),
+        ("interrupt", "checkpoint"),
+        ("rollback", "checkpoint"),
+        ("interrupt", "immediate"),
+    ],
+)
 async def test_a_second_invocation_of_a_session_on_another_replica_follows_the_install_strategy(
     http: httpx.AsyncClient,
     redis_server: EmbeddedServer,
     replica_namespace: str,
     ops: CancelBus,
     strategy: str,
+    mode: str,
 ) -> None:
-    """``install(bus, multitask_strategy=...)`` on both replicas: ``run_async`` of a session
-    whose invocation runs on A, called on B, waits queued behind it until it ends
-    (``enqueue``), or stops it at its next event (``interrupt``, ``rollback``: A's run ends
-    so, asked by B's), then runs on B."""
-    async with replicas_with(strategy, redis_server, replica_namespace) as replicas:
+    """``install(bus, multitask_strategy=..., interrupt_mode=...)`` on both replicas:
+    ``run_async`` of a session whose invocation runs on A, called on B, waits queued behind it
+    until it ends (``enqueue``), or stops it (``interrupt``, ``rollback``: at its next event;
+    ``immediate``: at once, its model's wait cut off; A's run ends so, asked by B's), then runs
+    on B."""
+    async with replicas_with(strategy, mode, redis_server, replica_namespace) as replicas:
         runs = AdkRuns(http, replicas, "story", USER)
         session = runs.session("texting")
         first = await invoke_on_a_then_b(runs, ops, session)
         if strategy == "enqueue":
             second, streamed = await queued_behind(runs, ops, session, first)
         else:
-            second, streamed = await interrupting(runs, ops, session, first, strategy)
+            second, streamed = await interrupting(runs, ops, session, first, strategy, mode)
         a_outcome = await runs.outcome(session)  # A's invocation, aborted by ADK
         assert (a_outcome["error"], a_outcome["model_calls"]) == (None, 1)
         assert streamed_text(a_outcome) == streamed
@@ -615,19 +626,20 @@ async def queued_behind(
 
 
 async def interrupting(
-    runs: AdkRuns, ops: CancelBus, session: str, first: RunInfo, strategy: str
+    runs: AdkRuns, ops: CancelBus, session: str, first: RunInfo, strategy: str, mode: str
 ) -> tuple[RunInfo, str]:
-    """``interrupt``/``rollback``: B's invocation cancels A's run (``checkpoint``, its cause
-    the strategy) and waits for its end, its model not called; A's model goes on, and ADK
-    aborts A's invocation at its next event; then B's starts, naming the run it stopped.
-    -> B's run, started; what A's streamed."""
-    await delivered(ops, first.run_id)
-    stopping = await ops.get_run(first.run_id)
-    assert stopping is not None and stopping.status is RunStatus.RUNNING
-    assert (stopping.cancel_mode, stopping.cancel_cause) == ("checkpoint", StopCause(strategy))
-    assert (await runs.played(session, on=runs.b))["model_calls"] == 0
-
-    await runs.open(f"model:{session}")  # A's model streams "look. ": its next event
+    """``interrupt``/``rollback``: B's invocation cancels A's run (in ``mode``, its cause the
+    strategy) and waits for its end, its model not called; ``checkpoint``: A's model goes on,
+    and ADK aborts A's invocation at its next event; ``immediate``: ADK aborts it at once, its
+    model's wait cut off. Then B's starts, naming the run it stopped. -> B's run, started;
+    what A's streamed."""
+    if mode == "checkpoint":
+        await delivered(ops, first.run_id)
+        stopping = await ops.get_run(first.run_id)
+        assert stopping is not None and stopping.status is RunStatus.RUNNING
+        assert (stopping.cancel_mode, stopping.cancel_cause) == (mode, StopCause(strategy))
+        assert (await runs.played(session, on=runs.b))["model_calls"] == 0
+        await runs.open(f"model:{session}")  # A's model streams "look. ": its next event
     await runs.streamed(session, on=runs.b)
     second = await ops.session_run("story", USER, session)
     assert second is not None and second.interrupted == first.run_id
@@ -639,5 +651,7 @@ async def interrupting(
         StopCause(strategy),
         second.run_id,
     )
-    assert stopped.output == ("Let me look. " if strategy == "interrupt" else "")  # rolled back
-    return second, "Let me look. "
+    assert stopped.cancel_mode == mode
+    streamed = "Let me look. " if mode == "checkpoint" else "Let me "
+    assert stopped.output == (streamed if strategy == "interrupt" else "")  # rolled back
+    return second, streamed

@@ -117,10 +117,19 @@ async def test_install_checks_the_trpc_internals(
         trpc_agent.install(node_b.bus)
 
 
-async def test_install_refuses_an_unknown_multitask_strategy(node_b: TrpcNode) -> None:
+@pytest.mark.parametrize(
+    ("setting", "says"),
+    [
+        ({"multitask_strategy": "queue"}, "invalid multitask_strategy 'queue'"),
+        ({"interrupt_mode": "now"}, "invalid cancel mode 'now'"),
+    ],
+)
+async def test_install_refuses_an_unknown_multitask_setting(
+    node_b: TrpcNode, setting: dict[str, str], says: str
+) -> None:
     before = _cancel._manager
-    with pytest.raises(InvalidArgument, match="invalid multitask_strategy 'queue'"):
-        trpc_agent.install(node_b.bus, multitask_strategy="queue")
+    with pytest.raises(InvalidArgument, match=says):
+        trpc_agent.install(node_b.bus, **setting)  # type: ignore[arg-type]
     assert _cancel._manager is before  # nothing installed
 
 

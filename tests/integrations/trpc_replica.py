@@ -7,7 +7,6 @@ installed), and control routes the tests drive it with."""
 from __future__ import annotations
 
 import asyncio
-import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -35,7 +34,7 @@ from cancel_bus.integrations.a2a import BusRequestHandler, BusTaskStore
 from ..helpers import WAIT
 from .a2a_reads import read_routes
 from .a2a_support import CANCEL_TIMEOUT, CountingBusTaskStore, card, client, message
-from .replica import STRATEGY_ENV
+from .replica import multitask_setting
 from .replica_routes import bus_routes, gate_routes
 from .trpc_support import APP, BOSS, GatedSessionService, StreamingAgent, boss
 
@@ -203,7 +202,7 @@ def add_agui(app: FastAPI, agent: StreamingAgent, session_service: Any) -> None:
 
 @asynccontextmanager
 async def serve(bus: CancelBus, url: str) -> AsyncIterator[FastAPI]:
-    trpc_agent.install(bus, multitask_strategy=os.environ.get(STRATEGY_ENV, "reject"))
+    trpc_agent.install(bus, **multitask_setting())
     agent = StreamingAgent(name="streamer")
     sessions = GatedSessionService(agent)
     runner = Runner(app_name=APP, agent=agent, session_service=sessions)
