@@ -118,8 +118,7 @@ function renderDetail(run, events, children) {
     ["leaked after its end", leakOf(run.leaked_after_cancel)],
     ["metadata", run.metadata && JSON.stringify(run.metadata)],
   ];
-  $("#d-fields").replaceChildren(...fields.filter(([, value]) => value)
-    .flatMap(([name, value]) => [element("dt", {}, name), element("dd", {}, value)]));
+  renderFields(fields.filter(([, value]) => value));
   renderPhases(run);
   renderSlowest(run.slowest_checkpoints);
   renderTimeline(events);
@@ -141,6 +140,25 @@ export function updateDetailCancel() {
   cancel.disabled = Boolean(why);
   setText($("#d-cancel-why"), why && !cancel.hidden ? `Off: ${why}.` : "");
   cancel.onclick = () => askCancel(run, cancel);
+}
+
+function renderFields(rows) {
+  // A refresh (every tick while the run is active) replaces only the values that changed: a
+  // link the user is clicking stays the node it was (a click on a node replaced under the
+  // pointer is lost)
+  const box = $("#d-fields");
+  const old = box.children;
+  const sameNames = old.length === 2 * rows.length &&
+    rows.every(([name], i) => old[2 * i].textContent === name);
+  if (!sameNames) {
+    box.replaceChildren(...rows.flatMap(([name, value]) =>
+      [element("dt", {}, name), element("dd", {}, value)]));
+    return;
+  }
+  rows.forEach(([, value], i) => {
+    const fresh = element("dd", {}, value);
+    if (old[2 * i + 1].innerHTML !== fresh.innerHTML) old[2 * i + 1].replaceWith(fresh);
+  });
 }
 
 function renderTimeline(events) {

@@ -602,6 +602,10 @@ def test_every_detail_has_a_url_and_back_and_forward_go_through_them(
         link = detail.locator("#d-fields").get_by_role(
             "button", name=f"Details of run {child['run_id']}"
         )
+        node = link.element_handle(timeout=WAIT)
+        before = detail.locator("#d-fields").text_content()
+        expect(detail.locator("#d-fields")).not_to_have_text(before, timeout=WAIT)  # a refresh
+        assert node.evaluate("el => el.isConnected")  # the link was left alone: a click holds
         link.click()
         expect(shown_id).to_have_text(child["run_id"], timeout=WAIT)
         expect(page).to_have_url(re.compile(f"&run={child['run_id']}$"))
