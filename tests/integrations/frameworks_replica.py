@@ -30,8 +30,7 @@ from cancel_bus.integrations import agno, google_adk, pydantic_ai
 
 from . import agno_support, pydantic_ai_support
 from .adk_support import AGENTS_DIR
-from .replica import multitask_setting
-from .replica_routes import Runs, bus_routes, gate_routes
+from .replica_routes import Runs, bus_routes, gate_routes, multitask_routes
 from .story_support import APP, GATES, USER, story
 
 
@@ -218,6 +217,11 @@ def story_routes() -> list[Route]:
     return [Route("/stories/{session}", played, methods=["GET"])]
 
 
+async def _reinstall_adk(bus: CancelBus, setting: dict[str, str]) -> None:
+    google_adk.uninstall()
+    google_adk.install(bus, **setting)  # type: ignore[arg-type]
+
+
 def _extend(app: FastAPI, routes: Iterable[Route]) -> None:
     app.router.routes.extend(routes)
 
@@ -225,7 +229,7 @@ def _extend(app: FastAPI, routes: Iterable[Route]) -> None:
 @asynccontextmanager
 async def serve(bus: CancelBus, url: str) -> AsyncIterator[FastAPI]:
     agno.install(bus)
-    google_adk.install(bus, **multitask_setting())
+    google_adk.install(bus)
     db = InMemoryDb()
     app = get_fast_api_app(
         agents_dir=str(AGENTS_DIR),
@@ -244,6 +248,7 @@ async def serve(bus: CancelBus, url: str) -> AsyncIterator[FastAPI]:
             *runs.routes(),
             *bus_routes(bus),
             *gate_routes(GATES),
+            *multitask_routes(lambda **setting: _reinstall_adk(bus, setting)),
         ],
     )
     os_agent = agno_support.story_agent(story("agentos"), db)

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+import httpx
 import uvicorn
 
 from cancel_bus import CancelBus
@@ -34,16 +35,9 @@ from cancel_bus import CancelBus
 ROOT = Path(__file__).resolve().parents[2]
 START_TIMEOUT = 90.0  # importing a framework takes seconds on a loaded 2-core machine
 STOP_TIMEOUT = 15.0
-STRATEGY_ENV = "CANCEL_BUS_TEST_STRATEGY"  # a replica's install's multitask_strategy (reject)
-MODE_ENV = "CANCEL_BUS_TEST_INTERRUPT_MODE"  # and its interrupt_mode (checkpoint)
-
-
-def multitask_setting() -> dict[str, str]:
-    """The ``install`` arguments a replica's environment asks for (double texting)."""
-    return {
-        "multitask_strategy": os.environ.get(STRATEGY_ENV, "reject"),
-        "interrupt_mode": os.environ.get(MODE_ENV, "checkpoint"),
-    }
+TEXTING_LEASE = 10.0  # the replicas of the double-texting tests: no test there loses a node,
+# and a loaded machine stalling a fresh replica for a few seconds (a framework's lazy imports on
+# its loop) must not fence it
 
 
 AppFactory = Callable[[CancelBus, str], AbstractAsyncContextManager[Any]]
@@ -104,6 +98,14 @@ class Replica:
         """SIGKILL: the replica vanishes without a word."""
         self.process.kill()
         self.process.wait()
+
+    async def install_multitask(
+        self, http: httpx.AsyncClient, strategy: str, mode: str = "checkpoint"
+    ) -> None:
+        """Its adapter installed again with this double-texting setting (``/multitask``)."""
+        setting = {"multitask_strategy": strategy, "interrupt_mode": mode}
+        response = await http.post(f"{self.url}/multitask", json=setting)
+        assert response.status_code == 200, response.text
 
 
 def start_replicas(

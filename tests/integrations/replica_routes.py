@@ -46,6 +46,18 @@ def bus_routes(bus: CancelBus) -> list[Route]:
     ]
 
 
+def multitask_routes(reinstall: Callable[..., Awaitable[None]]) -> list[Route]:
+    """``POST /multitask`` with an ``install``'s ``multitask_strategy`` and ``interrupt_mode``:
+    the adapter installed again with them (between tests), so that one pair of replicas serves
+    every strategy."""
+
+    async def multitask(request: Request) -> JSONResponse:
+        await reinstall(**await request.json())
+        return JSONResponse({})
+
+    return [Route("/multitask", multitask, methods=["POST"])]
+
+
 def gate_routes(gate: Callable[[str], asyncio.Event]) -> list[Route]:
     async def open_gate(request: Request) -> JSONResponse:
         gate(request.path_params["name"]).set()

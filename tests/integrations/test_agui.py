@@ -21,7 +21,7 @@ from node.embedded import EmbeddedServer
 
 from ..helpers import WAIT, eventually
 from .conftest import TRPC_REPLICA
-from .replica import STRATEGY_ENV, Replica, running
+from .replica import TEXTING_LEASE, Replica, running
 from .trpc_support import APP
 
 pytest.importorskip("ag_ui", reason="AG-UI needs the ag-ui extra (ag-ui-protocol)")
@@ -196,16 +196,22 @@ class Texting(NamedTuple):
 
 
 @pytest.fixture(scope="module")
-def texting(
-    request: pytest.FixtureRequest, redis_server: EmbeddedServer, replica_namespace: str
-) -> Iterator[Texting]:
-    """Replicas A and B installed with the strategy ``request.param`` (the tests of a strategy
-    share them); a long lease, as no test here loses a node: a loaded machine stalling a replica
-    for a few seconds does not fence it."""
-    env = {STRATEGY_ENV: request.param}
+def texting_pair(redis_server: EmbeddedServer, replica_namespace: str) -> Iterator[list[Replica]]:
+    """Replicas A and B for the double-texting tests (each installs its strategy)."""
     url = redis_server.url
-    with running(TRPC_REPLICA, 2, url, replica_namespace, lease_ttl=10.0, env=env) as (a, b):
-        yield Texting(a, b, request.param)
+    with running(TRPC_REPLICA, 2, url, replica_namespace, lease_ttl=TEXTING_LEASE) as pair:
+        yield pair
+
+
+@pytest.fixture
+async def texting(
+    request: pytest.FixtureRequest, texting_pair: list[Replica], http: httpx.AsyncClient
+) -> Texting:
+    """A and B installed with the strategy ``request.param``."""
+    for replica in texting_pair:
+        await replica.install_multitask(http, request.param)
+    a, b = texting_pair
+    return Texting(a, b, request.param)
 
 
 async def run_on(ops: CancelBus, run: AgUiRun, replica: Replica) -> RunInfo | None:

@@ -15,7 +15,6 @@ import asyncio
 import json
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from contextlib import asynccontextmanager
 from typing import Any
 
 import httpx
@@ -29,7 +28,7 @@ from cancel_bus.integrations._sessions import bus_session
 from node.embedded import EmbeddedServer
 
 from ..helpers import WAIT, eventually
-from .replica import MODE_ENV, STRATEGY_ENV, Replica, running, start_replicas
+from .replica import TEXTING_LEASE, Replica, running
 from .replica_client import WHERE, ReplicaRuns, delivered
 from .story_support import ANSWER, ENDS, GATED, USER, gates_to_open
 
@@ -458,33 +457,16 @@ async def test_a_held_cancel_is_ordered_by_redis_not_by_a_clock_running_behind(
 
 # The end reason of the run a new invocation of its session stopped, by the install's strategy.
 STOPPED = {"interrupt": "interrupted", "rollback": "rolled_back"}
-# The lease of the replicas started with a strategy: a fresh replica's first invocation imports
-# what ADK loads lazily (some 350 modules) on its loop, which on a loaded 2-core machine stalls
-# it past a 3 s lease (its node then fences itself and stops the run under test).
-STRATEGY_LEASE = 10.0
 
 
-@asynccontextmanager
-async def replicas_with(
-    strategy: str, mode: str, redis_server: EmbeddedServer, namespace: str
-) -> AsyncIterator[list[Replica]]:
-    """Replicas A and B installed with ``strategy`` (an interrupt in ``mode``), started off the
-    test's loop (its bus, the test's ``ops``, keeps its lease meanwhile); stopped after the
-    block."""
-    replicas = await asyncio.to_thread(
-        start_replicas,
-        ADK_REPLICA,
-        2,
-        redis_server.url,
-        namespace,
-        lease_ttl=STRATEGY_LEASE,
-        env={STRATEGY_ENV: strategy, MODE_ENV: mode},
-    )
-    try:
-        yield replicas
-    finally:
-        for replica in replicas:
-            await asyncio.to_thread(replica.stop)
+@pytest.fixture(scope="module")
+def texting_pair(redis_server: EmbeddedServer, replica_namespace: str) -> Iterator[list[Replica]]:
+    """Replicas A and B for the double-texting tests (each installs its strategy); a long
+    lease: a fresh replica's first invocation imports what ADK loads lazily (some 350 modules)
+    on its loop, which on a loaded 2-core machine stalls it past a 3 s lease."""
+    url = redis_server.url
+    with running(ADK_REPLICA, 2, url, replica_namespace, lease_ttl=TEXTING_LEASE) as pair:
+        yield pair
 
 
 async def runs_of(ops: CancelBus, session: str) -> list[RunInfo]:
@@ -565,8 +547,7 @@ async def test_a_second_invocation_of_a_session_on_another_replica_is_rejected_b
 )
 async def test_a_second_invocation_of_a_session_on_another_replica_follows_the_install_strategy(
     http: httpx.AsyncClient,
-    redis_server: EmbeddedServer,
-    replica_namespace: str,
+    texting_pair: list[Replica],
     ops: CancelBus,
     strategy: str,
     mode: str,
@@ -576,23 +557,24 @@ async def test_a_second_invocation_of_a_session_on_another_replica_follows_the_i
     until it ends (``enqueue``), or stops it (``interrupt``, ``rollback``: at its next event;
     ``immediate``: at once, its model's wait cut off; A's run ends so, asked by B's), then runs
     on B."""
-    async with replicas_with(strategy, mode, redis_server, replica_namespace) as replicas:
-        runs = AdkRuns(http, replicas, "story", USER)
-        session = runs.session("texting")
-        first = await invoke_on_a_then_b(runs, ops, session)
-        if strategy == "enqueue":
-            second, streamed = await queued_behind(runs, ops, session, first)
-        else:
-            second, streamed = await interrupting(runs, ops, session, first, strategy, mode)
-        a_outcome = await runs.outcome(session)  # A's invocation, aborted by ADK
-        assert (a_outcome["error"], a_outcome["model_calls"]) == (None, 1)
-        assert streamed_text(a_outcome) == streamed
-        assert [event["error"] for event in a_outcome["events"]][-1:] == [ABORTED]
-        stopped = await ops.get_run(first.run_id)
-        assert stopped is not None and stopped.finished_at is not None
-        assert second.started_at is not None and stopped.finished_at <= second.started_at
-        assert (second.status, second.owner) == (RunStatus.RUNNING, runs.b.node_id)
-        assert (await completes(runs, ops, session, runs.b)).run_id == second.run_id
+    for replica in texting_pair:
+        await replica.install_multitask(http, strategy, mode)
+    runs = AdkRuns(http, texting_pair, "story", USER)
+    session = runs.session("texting")
+    first = await invoke_on_a_then_b(runs, ops, session)
+    if strategy == "enqueue":
+        second, streamed = await queued_behind(runs, ops, session, first)
+    else:
+        second, streamed = await interrupting(runs, ops, session, first, strategy, mode)
+    a_outcome = await runs.outcome(session)  # A's invocation, aborted by ADK
+    assert (a_outcome["error"], a_outcome["model_calls"]) == (None, 1)
+    assert streamed_text(a_outcome) == streamed
+    assert [event["error"] for event in a_outcome["events"]][-1:] == [ABORTED]
+    stopped = await ops.get_run(first.run_id)
+    assert stopped is not None and stopped.finished_at is not None
+    assert second.started_at is not None and stopped.finished_at <= second.started_at
+    assert (second.status, second.owner) == (RunStatus.RUNNING, runs.b.node_id)
+    assert (await completes(runs, ops, session, runs.b)).run_id == second.run_id
 
 
 async def queued_behind(

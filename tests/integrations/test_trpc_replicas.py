@@ -16,11 +16,9 @@ from trpc_agent_sdk.cancel._session_utils import _CANCELING_SUFFIX
 from cancel_bus import CancelBus, Outcome, RunInfo, RunStatus, StopCause
 from cancel_bus.integrations._held import HeldCancels
 from cancel_bus.integrations.trpc_agent import bus_session
-from node.embedded import EmbeddedServer
 
 from ..helpers import WAIT, eventually
-from .conftest import TRPC_REPLICA
-from .replica import STRATEGY_ENV, Replica, running
+from .replica import Replica
 from .tree_support import children
 from .trpc_support import APP, BOSS, GATED
 
@@ -98,17 +96,18 @@ async def record(ops: CancelBus, runs: TrpcRuns, session: str, app: str = APP) -
 @pytest.mark.parametrize("strategy", ["enqueue", "interrupt"])
 async def test_a_second_run_of_a_session_on_another_replica_follows_the_install_strategy(
     http: httpx.AsyncClient,
-    redis_server: EmbeddedServer,
-    replica_namespace: str,
+    trpc_replicas: list[Replica],
     ops: CancelBus,
     strategy: str,
 ) -> None:
     """``install(bus, multitask_strategy=...)``: ``Runner.run_async`` of a session whose run is
     active on replica A, called on replica B, waits queued behind it (``enqueue``) or stops it
-    (``interrupt``), then runs on B."""
-    env = {STRATEGY_ENV: strategy}
-    with running(TRPC_REPLICA, 2, redis_server.url, replica_namespace, env=env) as replicas:
-        runs = TrpcRuns(http, replicas)
+    (``interrupt``), then runs on B. (The replicas the other tests share: ``reject`` again
+    after it.)"""
+    for replica in trpc_replicas:
+        await replica.install_multitask(http, strategy)
+    try:
+        runs = TrpcRuns(http, trpc_replicas)
         session = runs.session("texting")
         await runs.start(session, "stream")
         await runs.streaming(session)
@@ -134,6 +133,9 @@ async def test_a_second_run_of_a_session_on_another_replica_follows_the_install_
         stop = await ops.cancel_session(*bus_session(APP, runs.user, session), timeout=WAIT)
         assert stop.outcome is Outcome.CANCELLED and stop.run is not None
         assert stop.run.run_id == second.run_id
+    finally:
+        for replica in trpc_replicas:
+            await replica.install_multitask(http, "reject")
 
 
 @pytest.mark.parametrize("where", WHERE)

@@ -34,8 +34,7 @@ from cancel_bus.integrations.a2a import BusRequestHandler, BusTaskStore
 from ..helpers import WAIT
 from .a2a_reads import read_routes
 from .a2a_support import CANCEL_TIMEOUT, CountingBusTaskStore, card, client, message
-from .replica import multitask_setting
-from .replica_routes import bus_routes, gate_routes
+from .replica_routes import bus_routes, gate_routes, multitask_routes
 from .trpc_support import APP, BOSS, GatedSessionService, StreamingAgent, boss
 
 
@@ -200,9 +199,21 @@ def add_agui(app: FastAPI, agent: StreamingAgent, session_service: Any) -> None:
     AgUiService("agui", app=app).add_agent("/agui", agui)
 
 
+async def _reinstall_trpc(bus: CancelBus, setting: dict[str, str]) -> None:
+    """Once the runs of an earlier test have ended (uninstall refuses while one is going)."""
+    async with asyncio.timeout(WAIT):
+        while True:
+            try:
+                trpc_agent.uninstall()
+                break
+            except RuntimeError:
+                await asyncio.sleep(0.05)
+    trpc_agent.install(bus, **setting)  # type: ignore[arg-type]
+
+
 @asynccontextmanager
 async def serve(bus: CancelBus, url: str) -> AsyncIterator[FastAPI]:
-    trpc_agent.install(bus, **multitask_setting())
+    trpc_agent.install(bus)
     agent = StreamingAgent(name="streamer")
     sessions = GatedSessionService(agent)
     runner = Runner(app_name=APP, agent=agent, session_service=sessions)
@@ -216,6 +227,7 @@ async def serve(bus: CancelBus, url: str) -> AsyncIterator[FastAPI]:
             *bus_routes(bus),
             *gate_routes(agent.gate),
             *read_routes(store.reads),
+            *multitask_routes(lambda **setting: _reinstall_trpc(bus, setting)),
         ]
     )
     app.mount("/a2a", a2a_app(bus, agent, sessions, f"{url}/a2a/", store=store))
